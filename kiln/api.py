@@ -1,0 +1,104 @@
+"""kiln's public entry points: `compile` and the escape hatches (mirroring torch.compile)."""
+from __future__ import annotations
+
+import types
+from typing import Any, Callable
+
+import torch
+
+from kiln.backends import lookup_backend
+from kiln.capture import CompileSettings, clear_caches, compile_function, compiling
+from kiln.capture import mutation, rules
+from kiln.capture.module_wrapper import CompiledModule
+from kiln.config import config
+from kiln.errors import InvalidArgument
+from kiln.logs import reset_warnings, warn_once
+
+__all__ = ["compile", "disable", "allow_in_graph", "graph_break", "is_compiling", "reset",
+           "mark_dynamic", "mark_static"]
+
+_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def compile(fn_or_module: Any = None, *, backend: str | Callable | None = None,
+            mode: str | None = None, fullgraph: bool = False, dynamic: bool | None = None,
+            options: dict | None = None, disable: bool = False) -> Any:
+    """Compile a function or an nn.Module; also usable as `@kiln.compile` or `@kiln.compile(...)`.
+
+    Same meaning as torch.compile's arguments. `backend` is a registered name ("eager", ...) or a
+    callable `(gm, example_inputs) -> callable`; the default comes from `kiln.config`."""
+    if fn_or_module is None:
+        return lambda target: compile(target, backend=backend, mode=mode, fullgraph=fullgraph,
+                                      dynamic=dynamic, options=options, disable=disable)
+    if mode not in _MODES:
+        raise InvalidArgument(f"unknown mode {mode!r}", hint=f"use one of {_MODES}")
+    if disable:
+        return fn_or_module
+    if dynamic:
+        warn_once("dynamic-shapes", "kiln: dynamic shapes are not supported yet; shapes are "
+                  "specialized and a new shape recompiles")
+    backend_obj = backend if backend is not None else config.default_backend
+    settings = CompileSettings(lookup_backend(backend_obj), _backend_name(backend_obj), fullgraph,
+                               mode, tuple(sorted((options or {}).items())))
+    mutation.install()
+    if isinstance(fn_or_module, torch.nn.Module):
+        return CompiledModule(fn_or_module, settings)
+    return _compile_callable(fn_or_module, settings)
+
+
+def _backend_name(backend: Any) -> str:
+    return backend if isinstance(backend, str) else getattr(backend, "__name__",
+                                                            type(backend).__name__)
+
+
+def _compile_callable(fn: Any, settings: CompileSettings) -> Callable:
+    if id(fn) in rules.DISABLED:
+        return fn
+    if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
+        return types.MethodType(compile_function(fn.__func__, settings), fn.__self__)
+    if not isinstance(fn, types.FunctionType):
+        if callable(fn) and isinstance(getattr(fn, "__call__", None), types.MethodType):
+            return _compile_callable(fn.__call__, settings)
+        raise InvalidArgument(f"kiln.compile() expects a function or an nn.Module, got "
+                              f"{type(fn).__name__}", hint="pass the function itself")
+    if fn.__code__.co_flags & (0x20 | 0x80 | 0x100 | 0x200):  # generator / coroutine kinds
+        return fn  # generators and coroutines run natively (as under torch.compile)
+    return compile_function(fn, settings)
+
+
+def disable(fn: Callable | None = None, recursive: bool = True) -> Any:
+    """Never compile `fn`; calling it from compiled code stops capture there."""
+    if fn is None:
+        return lambda f: disable(f, recursive)
+    return rules.disable(fn)
+
+
+def allow_in_graph(fn: Callable) -> Callable:
+    """Record calls to `fn` as one graph node, evaluated on fake tensors at capture time."""
+    return rules.allow_in_graph(fn)
+
+
+def graph_break() -> None:
+    """Stop capture here (in eager code it does nothing)."""
+
+
+def is_compiling() -> bool:
+    """True while kiln captures the calling code (constant-folded to True inside graphs)."""
+    return compiling()
+
+
+def mark_dynamic(tensor: torch.Tensor, dim: int | list[int], **kwargs: Any) -> None:
+    """Accepted for torch.compile compatibility; kiln specializes shapes for now."""
+    warn_once("mark-dynamic", "kiln: mark_dynamic is accepted but shapes are specialized for now")
+
+
+def mark_static(tensor: Any, dim: int | None = None) -> None:
+    """Shapes are static by default in kiln; nothing to do."""
+
+
+def reset() -> None:
+    """Forget every compiled entry, recorded warning and cached decode."""
+    from kiln.capture.bytecode import clear_decode_cache
+    clear_caches()
+    clear_decode_cache()
+    reset_warnings()

@@ -1,0 +1,12 @@
+"""backends: captured FX graph + example inputs → callable (torch.compile's backend contract).
+
+Registered names: "eager" (run the captured graph), "inductor" (torch's, for comparison). Later:
+"aot_eager" and "kiln". Any callable(gm, example_inputs) is a backend too.
+"""
+
+from __future__ import annotations
+
+from kiln.backends import eager as _eager  # noqa: F401  (registers "eager" and "inductor")
+from kiln.backends.registry import Backend, list_backends, lookup_backend, register_backend
+
+__all__ = ["Backend", "list_backends", "lookup_backend", "register_backend"]

@@ -1,0 +1,226 @@
+"""decode: a code object -> the canonical `list[Instr]` (3.11 and 3.12).
+
+The symbolic interpreter sees ONLY the forms in this table; version differences beyond it are
+noted as such. `dis` argval/argrepr are reused where they already are the canonical value.
+
+| # | Real bytecode (3.11 / 3.12)                      | Canonical Instr                               |
+|---|--------------------------------------------------|-----------------------------------------------|
+| 1 | 3.11 `[KW_NAMES k] PRECALL n; CALL n`,           | one `CALL`, arg=n, argval=(n, kwnames tuple). |
+|   | 3.12 `[KW_NAMES k] CALL n`                       | Stack: [A, B, arg1..argn]; A is NULL ->       |
+|   |                                                  | callable=B, no self; else callable=A, self=B. |
+|   | `CALL_FUNCTION_EX flags`                         | unchanged, argval = flags int                 |
+| 2 | 3.11 `LOAD_METHOD name`; 3.12 `LOAD_ATTR` bit 0  | `LOAD_ATTR` argval=name, method=True: pushes  |
+|   |                                                  | [meth, self] or [NULL, attr]                  |
+|   | plain `LOAD_ATTR`                                | `LOAD_ATTR` argval=name, method=False         |
+| 3 | `LOAD_GLOBAL` (low bit = push NULL)              | argval=name, push_null=bit (NULL goes BELOW   |
+|   |                                                  | the global)                                   |
+| 4 | 3.12 `LOAD_SUPER_ATTR`                           | argval=name, method=bit 0, arg=raw oparg      |
+|   |                                                  | (bit 1 = two-arg form); 3.11 zero-arg super() |
+|   |                                                  | stays a plain call                            |
+| 5 | JUMP_FORWARD/JUMP_BACKWARD[_NO_INTERRUPT]        | `JUMP` (target set, no direction)             |
+|   | POP_JUMP_{FORWARD,BACKWARD}_IF_X (3.11),         | `POP_JUMP_IF_X`, X in TRUE FALSE NONE         |
+|   | POP_JUMP_IF_X (3.12)                             | NOT_NONE                                      |
+|   | JUMP_IF_{TRUE,FALSE}_OR_POP (3.11 only)          | same names, target set                        |
+|   | FOR_ITER (3.12: `... END_FOR` at the target)     | `FOR_ITER`: when exhausted, pops the iterator |
+|   |                                                  | and goes to target = first instr AFTER the    |
+|   |                                                  | loop; END_FOR is removed                      |
+|   | SEND                                             | `SEND` with target as dis gives it (3.11: the |
+|   |                                                  | instr after the loop, 3.12: END_SEND)         |
+| 6 | 3.12 `RETURN_CONST c`                            | `LOAD_CONST c` + `RETURN_VALUE`               |
+| 7 | 3.12 `BINARY_SLICE` / `STORE_SLICE`              | `BUILD_SLICE 2` + `BINARY_SUBSCR`/`STORE_SUBSCR` |
+| 8 | `COMPARE_OP` (3.12: cmp_op[arg >> 4])            | argval = '<', '<=', '==', '!=', '>', '>='     |
+| 9 | `BINARY_OP i`                                    | argval = dis argrepr ('+', '+=', '@', '//='), |
+|   |                                                  | arg = i                                       |
+|10 | 3.12 `CALL_INTRINSIC_1/2 i`; 3.11 `LIST_TO_TUPLE`,| `CALL_INTRINSIC_1` argval='INTRINSIC_...'     |
+|   | `UNARY_POSITIVE`                                 | (dis argrepr); same for CALL_INTRINSIC_2      |
+|11 | `FORMAT_VALUE flags`                             | argval = (None|'str'|'repr'|'ascii', has_spec)|
+|12 | CACHE, EXTENDED_ARG, PRECALL, KW_NAMES, END_FOR  | removed                                       |
+|   | everything else (NOP, RESUME, MAKE_CELL,         | unchanged, dis argval (names for LOAD_FAST*,  |
+|   | COPY_FREE_VARS, LOAD_FAST*, *_DEREF, ...)        | STORE_FAST*, LOAD/STORE_DEREF, LOAD_CLOSURE)  |
+|13 | jump / handler targets on a removed instruction  | redirected to the next kept instruction       |
+|   | exception table                                  | `ExnEntry` objects; each Instr's `.exn` = the |
+|   |                                                  | (flat, so innermost) covering entry           |
+|   | line numbers                                     | every Instr has `lineno` (positions.lineno,   |
+|   |                                                  | else the previous instruction's); `positions` |
+|   |                                                  | kept as is                                    |
+
+Split instructions (rules 6 and 7): the first half keeps the original `offset`, the second half
+has offset None; both carry the original positions and exception entry.
+
+3.13+ is not supported yet: decode raises `UnsupportedBytecode`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dis
+import types
+import weakref
+
+from kiln.capture.bytecode import _compat
+from kiln.capture.bytecode.ir import ExnEntry, Instr, UnsupportedBytecode, renumber
+
+__all__ = ["clear_decode_cache", "decode", "decode_fresh"]
+
+JUMP_NAMES: dict[str, str] = {
+    "JUMP_FORWARD": "JUMP", "JUMP_BACKWARD": "JUMP", "JUMP_BACKWARD_NO_INTERRUPT": "JUMP",
+    "JUMP_ABSOLUTE": "JUMP", "JUMP": "JUMP", "JUMP_NO_INTERRUPT": "JUMP",
+    "JUMP_IF_TRUE_OR_POP": "JUMP_IF_TRUE_OR_POP", "JUMP_IF_FALSE_OR_POP": "JUMP_IF_FALSE_OR_POP",
+    "FOR_ITER": "FOR_ITER", "SEND": "SEND",
+}
+for _cond in ("TRUE", "FALSE", "NONE", "NOT_NONE"):
+    for _pre in ("POP_JUMP_IF_", "POP_JUMP_FORWARD_IF_", "POP_JUMP_BACKWARD_IF_"):
+        JUMP_NAMES[_pre + _cond] = "POP_JUMP_IF_" + _cond
+
+#: canonical jump opnames (instructions whose `target` is set)
+JUMP_OPNAMES: frozenset[str] = frozenset(JUMP_NAMES.values())
+REMOVED: frozenset[str] = frozenset({"CACHE", "EXTENDED_ARG", "PRECALL", "KW_NAMES", "END_FOR"})
+INTRINSICS_311: dict[str, tuple[str, int]] = {
+    "UNARY_POSITIVE": ("INTRINSIC_UNARY_POSITIVE", 5),
+    "LIST_TO_TUPLE": ("INTRINSIC_LIST_TO_TUPLE", 6),
+}
+_JUMP_OPCODES = frozenset(dis.hasjrel) | frozenset(dis.hasjabs)
+
+_cache: weakref.WeakKeyDictionary[types.CodeType, tuple[int, list[Instr]]] = (
+    weakref.WeakKeyDictionary())
+
+
+def decode(code: types.CodeType) -> list[Instr]:
+    """The canonical instructions of `code`, cached per code object. Do not mutate the result
+    (use `decode_fresh` for transforms)."""
+    hit = _cache.get(code)
+    # code objects compare by value (not co_filename/qualname): check identity too.
+    if hit is not None and hit[0] == id(code):
+        return hit[1]
+    instrs = decode_fresh(code)
+    _cache[code] = (id(code), instrs)
+    return instrs
+
+
+def clear_decode_cache() -> None:
+    _cache.clear()
+
+
+def decode_fresh(code: types.CodeType) -> list[Instr]:
+    """Decode `code` into a new list of canonical instructions (safe to mutate)."""
+    if _compat.PY313:
+        raise UnsupportedBytecode(
+            f"cannot decode {code.co_qualname!r}: Python {_compat.version_str()} bytecode is not "
+            "supported by the bytecode layer (3.11 and 3.12 are)",
+            hint="run on Python 3.11 or 3.12; on this version frames run eagerly")
+    return _Decoder(code).run()
+
+
+class _Decoder:
+    def __init__(self, code: types.CodeType) -> None:
+        self.code = code
+        self.out: list[Instr] = []
+        self.src: list[int] = []  # per output instr: offset of the raw instruction it came from
+        self.at_offset: dict[int, Instr] = {}  # raw offset -> first kept instr at/after it
+        self.pending: list[int] = []  # offsets of removed instrs awaiting the next kept one
+        self.kwnames: tuple[str, ...] = ()
+        self.line: int | None = code.co_firstlineno
+        self.end_for: set[int] = set()
+
+    def run(self) -> list[Instr]:
+        raw = list(dis.get_instructions(self.code))
+        for ins in raw:
+            self.step(ins)
+        renumber(self.out)
+        self.link_jumps(raw)
+        self.link_exceptions()
+        return self.out
+
+    def emit(self, ins: dis.Instruction, opname: str, arg: int | None = None,
+             argval: object = None, *, first: bool = True, **flags: bool) -> Instr:
+        # positions, not starts_line: co_lines() merges ranges differently after a round trip
+        lineno = ins.positions.lineno if ins.positions is not None else None
+        self.line = lineno if lineno is not None else self.line
+        instr = Instr(opname, arg, argval, lineno=self.line,
+                      positions=ins.positions, offset=ins.offset if first else None, **flags)
+        if first:
+            for off in self.pending:
+                self.at_offset[off] = instr
+            self.pending.clear()
+            self.at_offset[ins.offset] = instr
+        self.out.append(instr)
+        self.src.append(ins.offset)
+        return instr
+
+    def step(self, ins: dis.Instruction) -> None:  # noqa: C901 (one flat rule table)
+        op, arg = ins.opname, ins.arg
+        if op in REMOVED:
+            if op == "KW_NAMES":
+                self.kwnames = tuple(self.code.co_consts[arg])
+            elif op == "END_FOR":
+                self.end_for.add(ins.offset)
+            self.pending.append(ins.offset)
+        elif op == "CALL":
+            self.emit(ins, "CALL", arg, (arg, self.kwnames))
+            self.kwnames = ()
+        elif op == "LOAD_METHOD":
+            self.emit(ins, "LOAD_ATTR", arg, ins.argval, method=True)
+        elif op == "LOAD_ATTR":
+            self.emit(ins, "LOAD_ATTR", arg, ins.argval, method=bool(_compat.PY312 and arg & 1))
+        elif op == "LOAD_GLOBAL":
+            self.emit(ins, "LOAD_GLOBAL", arg, ins.argval, push_null=bool(arg & 1))
+        elif op == "LOAD_SUPER_ATTR":
+            self.emit(ins, "LOAD_SUPER_ATTR", arg, ins.argval, method=bool(arg & 1))
+        elif ins.opcode in _JUMP_OPCODES:
+            if op not in JUMP_NAMES:
+                raise UnsupportedBytecode(f"unknown jump opcode {op} on Python "
+                                          f"{_compat.version_str()} in {self.code.co_qualname!r}")
+            self.emit(ins, JUMP_NAMES[op], arg, ins.argval)
+        elif op == "RETURN_CONST":
+            self.emit(ins, "LOAD_CONST", arg, ins.argval)
+            self.emit(ins, "RETURN_VALUE", first=False)
+        elif op in ("BINARY_SLICE", "STORE_SLICE"):
+            self.emit(ins, "BUILD_SLICE", 2, 2)
+            self.emit(ins, "BINARY_SUBSCR" if op == "BINARY_SLICE" else "STORE_SUBSCR",
+                      first=False)
+        elif op in ("BINARY_OP", "CALL_INTRINSIC_1", "CALL_INTRINSIC_2"):
+            self.emit(ins, op, arg, ins.argrepr)
+        elif op in INTRINSICS_311:
+            name, number = INTRINSICS_311[op]
+            self.emit(ins, "CALL_INTRINSIC_1", number, name)
+        elif op == "FORMAT_VALUE":
+            conv = _compat.FORMAT_CONVERSIONS[arg & 3]
+            self.emit(ins, op, arg, (conv, bool(arg & _compat.FORMAT_SPEC_BIT)))
+        else:
+            self.emit(ins, op, arg, ins.argval)
+
+    def link_jumps(self, raw: list[dis.Instruction]) -> None:
+        for ins in raw:
+            if ins.opcode in _JUMP_OPCODES and ins.argval in self.end_for \
+                    and ins.opname != "FOR_ITER":
+                raise UnsupportedBytecode(
+                    f"{ins.opname} at offset {ins.offset} in {self.code.co_qualname!r} jumps to "
+                    "END_FOR (only FOR_ITER may)")
+        for instr in self.out:
+            if instr.opname in JUMP_OPNAMES:
+                instr.target = self.resolve(instr.argval, instr)
+
+    def resolve(self, offset: int, who: object) -> Instr:
+        target = self.at_offset.get(offset)
+        if target is None:
+            raise UnsupportedBytecode(f"{who!r} in {self.code.co_qualname!r}: no instruction at "
+                                      f"target offset {offset}")
+        return target
+
+    def link_exceptions(self) -> None:
+        raw = sorted(_compat.exception_table(self.code))
+        if not raw:
+            return
+        starts = [e.start for e in raw]
+        entries: dict[int, ExnEntry] = {}
+        for instr, src in zip(self.out, self.src):
+            k = bisect.bisect_right(starts, src) - 1
+            if k < 0 or src >= raw[k].end:
+                continue
+            entry = entries.get(k)
+            if entry is None:
+                e = raw[k]
+                entry = ExnEntry(instr, instr, self.resolve(e.target, e), e.depth, e.lasti)
+                entries[k] = entry
+            entry.end = instr
+            instr.exn = entry

@@ -1,0 +1,205 @@
+"""Compile one Python function: capture on a miss, guard, cache, dispatch.
+
+`CompiledFunction` owns the dispatcher of one function object; `capture_function` runs the
+symbolic interpreter over the function's bytecode for one set of inputs and returns a cache entry
+(or raises `Unsupported`, after which the code runs eagerly with the reason recorded).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+import types
+from typing import Any, Callable
+
+import torch
+
+from kiln.capture import records
+from kiln.capture.cache import (CacheEntry, CodeCache, build_dispatcher, cache_for, compiling,
+                                compiling_scope)
+from kiln.capture.entry import build_entry_code
+from kiln.capture.mutation import MODULE_VERSION
+from kiln.capture.output_graph import OutputGraph
+from kiln.capture.sources import Closure, Local
+from kiln.capture.translator import Translator
+from kiln.capture.unsupported import Unsupported
+from kiln.capture.variables.base import CellBox, LazyVT
+from kiln.config import config
+from kiln.diagnostics import RecompileReason, UserLocation
+from kiln.diagnostics import Unsupported as UnsupportedRecord
+from kiln.errors import BackendCompilerFailed, UnsupportedError
+from kiln.logs import artifact_enabled, artifact_logger, warn_once
+
+__all__ = ["CompiledFunction", "CompileSettings", "capture_function", "compile_function"]
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileSettings:
+    backend: Callable
+    backend_name: str
+    fullgraph: bool = False
+    mode: str | None = None
+    options: tuple = ()
+
+    def key(self) -> tuple:
+        return (self.backend, self.fullgraph, self.mode, self.options)
+
+
+class CompiledFunction:
+    """The cache-backed replacement of one function object."""
+
+    def __init__(self, fn: types.FunctionType, settings: CompileSettings) -> None:
+        self.fn = fn
+        self.settings = settings
+        self.cache: CodeCache = cache_for(fn.__code__, settings.key())
+        self.refresh()
+
+    def refresh(self) -> None:
+        self.dispatch = build_dispatcher(self.cache, self.fn, self.miss)
+        self.version = self.cache.version
+
+    def miss(self, *values: Any) -> Callable:
+        cache = self.cache
+        if compiling() or cache.skip is not None:
+            return self.dispatch.__kiln_eager__
+        if cache.version != self.version:  # another function object with this code compiled
+            self.refresh()
+            return self._redispatch
+        namespace = {**self.dispatch.__kiln_namespace__, **dict(zip(cache.params, values))}
+        entry = cache.revalidate(namespace)
+        if entry is not None:
+            return self.dispatch.__kiln_entries__[cache.entries.index(entry)]
+        if cache.entries:
+            self._report_recompile(namespace)
+        if self._over_limit(values):
+            return self.dispatch.__kiln_eager__
+        return self._compile(dict(zip(cache.params, values)))
+
+    def _report_recompile(self, namespace: dict[str, Any]) -> None:
+        code = self.cache.code
+        reason = RecompileReason(code.co_qualname, UserLocation.from_code(code),
+                                 tuple(self.cache.failures(namespace)), len(self.cache.entries) + 1)
+        records.emit("recompiles", reason)
+        if artifact_enabled("recompiles"):
+            artifact_logger("recompiles").info(reason.render())
+
+    def _over_limit(self, values: tuple) -> bool:
+        cache = self.cache
+        id_key = _id_key(values)
+        same = sum(1 for e in cache.entries if e.id_key == id_key)
+        if same < config.recompile_limit and len(cache.entries) < config.accumulated_recompile_limit:
+            return False
+        if not cache.warned_limit:
+            cache.warned_limit = True
+            warn_once(("recompile-limit", cache.code),
+                      f"kiln: {cache.code.co_qualname} ({UserLocation.from_code(cache.code).short()}) "
+                      f"hit the recompile limit ({config.recompile_limit}); new inputs run "
+                      "eagerly. Set KILN_LOGS=recompiles to see why it recompiled.")
+        return True
+
+    def _compile(self, f_locals: dict[str, Any]) -> Callable:
+        try:
+            with compiling_scope():
+                entry = capture_function(self.fn, f_locals, self.cache, self.settings)
+        except Unsupported as err:
+            record = to_record(err)
+            records.emit("breaks", record)
+            if artifact_enabled("graph_breaks"):
+                artifact_logger("graph_breaks").info(record.render())
+            if self.settings.fullgraph:
+                raise UnsupportedError(record) from None
+            self.cache.skip = record
+            return self.dispatch.__kiln_eager__
+        self.cache.add(entry)
+        self.refresh()
+        return self.dispatch.__kiln_entries__[0]
+
+
+def to_record(err: Unsupported) -> UnsupportedRecord:
+    frames = err.frames  # innermost first
+    location = frames[0] if frames else None
+    stack = tuple(reversed(frames[1:]))
+    return UnsupportedRecord(err.code, err.category, err.message, location, stack, err.hints)
+
+
+def _id_key(values: tuple) -> tuple:
+    return tuple(id(v) for v in values if isinstance(v, torch.nn.Module))
+
+
+def capture_function(fn: types.FunctionType, f_locals: dict[str, Any], cache: CodeCache,
+                     settings: CompileSettings) -> CacheEntry:
+    start = time.perf_counter()
+    output = OutputGraph(cache.consts)
+    output.guards.ambient()
+    code = fn.__code__
+    local_vars = {name: LazyVT(value, Local(name)) for name, value in f_locals.items()}
+    tx = Translator(code, local_vars, _root_cells(fn), fn.__globals__, output)
+    grad_mode = torch.is_grad_enabled()
+    try:
+        result = tx.run()
+    finally:
+        torch._C._set_grad_enabled(grad_mode)
+        for mode in reversed(output.open_contexts):
+            mode.__exit__(None, None, None)
+    entry_code = build_entry_code(output, result)
+    captured = time.perf_counter()
+    namespace: dict[str, Any] = {}
+    if entry_code.gm is not None:
+        namespace["__graph"] = _call_backend(settings, entry_code, code)
+    done = time.perf_counter()
+    guards = output.guards.guards
+    times = {"capture": captured - start, "backend": done - captured}
+    _log_entry(code, entry_code, guards)
+    records.emit("graphs", records.GraphRecord(
+        code.co_qualname, entry_code.gm,
+        [n.target for n in entry_code.gm.graph.nodes if n.op.startswith("call")]
+        if entry_code.gm is not None else [],
+        [g.record() for g in guards], times))
+    return CacheEntry(guards, entry_code.body, namespace, [MODULE_VERSION[0]],
+                      _id_key(tuple(f_locals.values())), entry_code.gm)
+
+
+def _root_cells(fn: types.FunctionType) -> dict[str, CellBox]:
+    cells = {}
+    for i, (name, cell) in enumerate(zip(fn.__code__.co_freevars, fn.__closure__ or ())):
+        try:
+            contents = cell.cell_contents
+        except ValueError:
+            cells[name] = CellBox(None, Closure(i, name))
+            continue
+        cells[name] = CellBox(LazyVT(contents, Closure(i, name)), Closure(i, name))
+    return cells
+
+
+def _call_backend(settings: CompileSettings, entry_code: Any, code: types.CodeType) -> Callable:
+    try:
+        return settings.backend(entry_code.gm, entry_code.example_inputs)
+    except Exception as err:
+        if config.suppress_errors and not settings.fullgraph:
+            raise Unsupported("backend-failed", f"backend {settings.backend_name!r} failed: "
+                              f"{type(err).__name__}: {err}", category="not-supported-yet",
+                              hints=("try backend='eager' to check capture alone",)) from err
+        raise BackendCompilerFailed(settings.backend_name, err,
+                                    location=UserLocation.from_code(code)) from err
+
+
+def _log_entry(code: types.CodeType, entry_code: Any, guards: list) -> None:
+    if artifact_enabled("graph_code") and entry_code.gm is not None:
+        artifact_logger("graph_code").info(
+            "graph for %s:\n%s", code.co_qualname,
+            entry_code.gm.print_readable(print_output=False))
+    if artifact_enabled("guards"):
+        artifact_logger("guards").info(
+            "guards for %s:\n%s", code.co_qualname,
+            "\n".join("  " + g.record().render() for g in guards))
+
+
+def compile_function(fn: types.FunctionType, settings: CompileSettings) -> Callable:
+    compiled = CompiledFunction(fn, settings)
+
+    @functools.wraps(fn)
+    def kiln_compiled(*args: Any, **kwargs: Any) -> Any:
+        return compiled.dispatch(*args, **kwargs)
+
+    kiln_compiled._kiln_compiled = compiled  # type: ignore[attr-defined]
+    return kiln_compiled

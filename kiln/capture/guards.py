@@ -1,0 +1,201 @@
+"""Guards: the conditions under which a cache entry may be reused.
+
+A `Guard` is one Python comparison `<value expr> <op> <expected>` over the names a dispatcher sees
+(see `sources`). Guards render to source code that the dispatcher inlines, and each can explain its
+own failure as the user would read it (`x.shape[0]: expected 8, got 16`).
+
+Guards on module state (attributes, parameters, submodules) are `module` guards: they only need
+re-checking when the module version counter moved (see `mutation`), so the fast path checks one
+integer instead of every attribute.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from kiln.capture import _compat
+from kiln.capture.sources import Source
+from kiln.diagnostics import GuardFailure, GuardRecord, UserLocation
+
+__all__ = ["Guard", "GuardSet", "Constants", "AMBIENT_NAMESPACE"]
+
+# Simple values are inlined into guard source as literals; others are bound as `__k<N>`.
+_LITERAL_TYPES = (type(None), bool, int, str, bytes)
+
+
+@dataclasses.dataclass(frozen=True)
+class Guard:
+    """`value` (a Python expression) compared with `expected` using `op` ("is", "==", "in" ...).
+
+    `user` is how the user would name the value; `kind` is the category shown in reports
+    (type, id, constant, dtype, shape, ...); `module` marks guards re-checked only when the module
+    version counter changed; `location` is the user line that read the value."""
+
+    value: str
+    op: str
+    expected_src: str
+    expected: Any
+    user: str
+    kind: str
+    module: bool = False
+    location: UserLocation | None = None
+
+    def source(self) -> str:
+        return f"{self.value} {self.op} {self.expected_src}"
+
+    def record(self) -> GuardRecord:
+        return GuardRecord(f"{self.user} {self.op} {_show(self.expected)}", self.kind, self.location)
+
+    def failure(self, namespace: dict[str, Any]) -> GuardFailure | None:
+        """None if the guard holds in `namespace`, else what differs."""
+        try:
+            if eval(self.source(), namespace):  # noqa: S307 - our own generated expression
+                return None
+            actual = eval(self.value, namespace)  # noqa: S307
+        except Exception as err:  # the value is not even readable: that is the failure
+            return GuardFailure(self.user, _show(self.expected), f"<{type(err).__name__}: {err}>")
+        return _explain(self.user, self.expected, actual)
+
+
+def _explain(user: str, expected: Any, actual: Any) -> GuardFailure:
+    if isinstance(expected, tuple) and isinstance(actual, tuple) and len(expected) == len(actual):
+        for dim, (want, got) in enumerate(zip(expected, actual)):
+            if want != got:
+                return GuardFailure(f"{user}[{dim}]", _show(want), _show(got))
+    if isinstance(expected, type) and not isinstance(actual, type):
+        actual = type(actual)
+    return GuardFailure(user, _show(expected), _show(actual))
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, type):
+        return value.__qualname__
+    if isinstance(value, _IdentityOf):
+        return f"the object seen at compile time ({value.text})"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+@dataclasses.dataclass(frozen=True)
+class _IdentityOf:
+    text: str
+
+
+class Constants:
+    """Objects that generated code refers to, bound into its namespace as `__k<N>`."""
+
+    def __init__(self) -> None:
+        self.values: list[Any] = []
+        self._index: dict[int, int] = {}
+
+    def index(self, value: Any) -> int:
+        key = id(value)
+        if key not in self._index:
+            self._index[key] = len(self.values)
+            self.values.append(value)
+        return self._index[key]
+
+    def ref(self, value: Any) -> str:
+        return f"__k{self.index(value)}"
+
+    def literal_or_ref(self, value: Any) -> str:
+        if isinstance(value, _LITERAL_TYPES) or (isinstance(value, float) and value == value
+                                                 and value not in (float("inf"), float("-inf"))):
+            return repr(value)
+        if isinstance(value, tuple) and all(type(v) is int for v in value):
+            return repr(value)
+        return self.ref(value)
+
+    def namespace(self) -> dict[str, Any]:
+        return {f"__k{i}": v for i, v in enumerate(self.values)}
+
+
+class GuardSet:
+    """Guards collected while tracing one frame, deduplicated by their source text."""
+
+    def __init__(self, consts: Constants) -> None:
+        self.consts = consts
+        self.guards: list[Guard] = []
+        self._seen: set[str] = set()
+
+    def add(self, guard: Guard) -> None:
+        key = guard.source()
+        if key not in self._seen:
+            self._seen.add(key)
+            self.guards.append(guard)
+
+    def _add(self, value: str, op: str, expected: Any, user: str, kind: str, *, module: bool,
+             location: UserLocation | None, expected_src: str | None = None) -> None:
+        src = expected_src if expected_src is not None else self.consts.literal_or_ref(expected)
+        self.add(Guard(value, op, src, expected, user, kind, module, location))
+
+    # -- object guards -------------------------------------------------------------------------
+    def type_match(self, source: Source, value: Any, *, module: bool = False,
+                   location: UserLocation | None = None) -> None:
+        self._add(f"type({source.expr()})", "is", type(value), f"type({source.name()})", "type",
+                  module=module, location=location)
+
+    def id_match(self, source: Source, value: Any, *, module: bool = False,
+                 location: UserLocation | None = None) -> None:
+        self._add(source.expr(), "is", _IdentityOf(source.name()), source.name(), "id",
+                  module=module, location=location, expected_src=self.consts.ref(value))
+
+    def equals(self, source: Source, value: Any, *, module: bool = False,
+               location: UserLocation | None = None) -> None:
+        """Constant specialization: same type and equal value (a bool must not match 1)."""
+        self.type_match(source, value, module=module, location=location)
+        op = "is" if value is None or isinstance(value, bool) else "=="
+        self._add(source.expr(), op, value, source.name(), "constant", module=module,
+                  location=location)
+
+    def length(self, source: Source, value: Any, *, module: bool = False,
+               location: UserLocation | None = None) -> None:
+        self.type_match(source, value, module=module, location=location)
+        self._add(f"len({source.expr()})", "==", len(value), f"len({source.name()})", "length",
+                  module=module, location=location)
+
+    def dict_keys(self, source: Source, value: dict, *, module: bool = False,
+                  location: UserLocation | None = None) -> None:
+        self.type_match(source, value, module=module, location=location)
+        self._add(f"tuple({source.expr()})", "==", tuple(value), f"{source.name()}.keys()",
+                  "dict keys", module=module, location=location)
+
+    def not_in_dict(self, source: Source, attr: str, *, module: bool = True) -> None:
+        self._add(repr(attr), "not in", _IdentityOf(f"{source.name()}.__dict__"),
+                  f"{attr!r} in {source.name()}.__dict__", "no shadowing", module=module,
+                  location=None, expected_src=f"{source.expr()}.__dict__")
+
+    def tensor_match(self, source: Source, value: torch.Tensor, *, module: bool = False,
+                     location: UserLocation | None = None) -> None:
+        """Type, dtype, device, shape, strides and requires_grad, cheapest first."""
+        e, n = source.expr(), source.name()
+        self.type_match(source, value, module=module, location=location)
+        self._add(f"{e}.dtype", "is", value.dtype, f"{n}.dtype", "dtype", module=module,
+                  location=location)
+        self._add(f"{e}.device", "==", value.device, f"{n}.device", "device", module=module,
+                  location=location)
+        self._add(f"{e}.requires_grad", "is", value.requires_grad, f"{n}.requires_grad",
+                  "requires_grad", module=module, location=location)
+        self._add(f"tuple({e}.shape)", "==", tuple(value.shape), f"{n}.shape", "shape",
+                  module=module, location=location)
+        self._add(f"{e}.stride()", "==", tuple(value.stride()), f"{n}.stride()", "stride",
+                  module=module, location=location)
+
+    # -- ambient state -------------------------------------------------------------------------
+    def ambient(self) -> None:
+        """Grad mode, autocast and the default dtype at the time of the call."""
+        self._add("__grad_enabled()", "is", torch.is_grad_enabled(), "torch.is_grad_enabled()",
+                  "ambient", module=False, location=None)
+        self._add("__autocast_state()", "==", _compat.autocast_state(),
+                  "autocast state", "ambient", module=False, location=None)
+        self._add("__default_dtype()", "is", torch.get_default_dtype(),
+                  "torch.get_default_dtype()", "ambient", module=False, location=None)
+
+
+AMBIENT_NAMESPACE: dict[str, Any] = {
+    "__grad_enabled": torch.is_grad_enabled,
+    "__autocast_state": _compat.autocast_state,
+    "__default_dtype": torch.get_default_dtype,
+}

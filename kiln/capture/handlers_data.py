@@ -1,0 +1,397 @@
+"""Opcode handlers for loads, stores, operators and building containers.
+
+Each function is named after the canonical opcode it handles (see `bytecode/decode.py`).
+"""
+from __future__ import annotations
+
+import operator
+from typing import TYPE_CHECKING
+
+import torch
+
+from kiln.capture.unsupported import unsupported
+from kiln.capture.variables.base import VT, CellBox, ConstantVT, NullVT
+from kiln.capture.variables.builtins import binary_op, iterate
+from kiln.capture.variables.containers import DictVT, ListVT, SliceVT, TupleVT
+from kiln.capture.variables.nn_module import ModuleVT
+from kiln.capture.variables.tensor import TensorVT, graph_call
+
+if TYPE_CHECKING:
+    from kiln.capture.bytecode import Instr
+    from kiln.capture.translator import Translator
+
+_BINARY = {
+    "+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv,
+    "//": operator.floordiv, "%": operator.mod, "**": operator.pow, "@": operator.matmul,
+    "&": operator.and_, "|": operator.or_, "^": operator.xor, "<<": operator.lshift,
+    ">>": operator.rshift,
+    "+=": operator.iadd, "-=": operator.isub, "*=": operator.imul, "/=": operator.itruediv,
+    "//=": operator.ifloordiv, "%=": operator.imod, "**=": operator.ipow, "@=": operator.imatmul,
+    "&=": operator.iand, "|=": operator.ior, "^=": operator.ixor, "<<=": operator.ilshift,
+    ">>=": operator.irshift,
+}
+_COMPARE = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne,
+            ">": operator.gt, ">=": operator.ge}
+
+
+class CellVT(VT):
+    """A closure cell on the stack (LOAD_CLOSURE), on its way into MAKE_FUNCTION."""
+
+    def __init__(self, box: CellBox) -> None:
+        self.box = box
+
+
+# -- stack -------------------------------------------------------------------------------------
+def NOP(tx: Translator, inst: Instr) -> None:
+    pass
+
+
+RESUME = COPY_FREE_VARS = NOP
+
+
+def POP_TOP(tx: Translator, inst: Instr) -> None:
+    tx.pop()
+
+
+def PUSH_NULL(tx: Translator, inst: Instr) -> None:
+    tx.push(NullVT())
+
+
+def COPY(tx: Translator, inst: Instr) -> None:
+    tx.push(tx.stack[-inst.arg])
+
+
+def SWAP(tx: Translator, inst: Instr) -> None:
+    stack, i = tx.stack, inst.arg
+    stack[-1], stack[-i] = stack[-i], stack[-1]
+
+
+# -- names -------------------------------------------------------------------------------------
+def LOAD_CONST(tx: Translator, inst: Instr) -> None:
+    from kiln.capture.variables.builder import wrap_derived
+    value = inst.argval
+    tx.push(ConstantVT(value) if not isinstance(value, (tuple, frozenset)) else
+            wrap_derived(tx, value))
+
+
+def LOAD_FAST(tx: Translator, inst: Instr) -> None:
+    tx.push(tx.load_local(inst.argval))
+
+
+LOAD_FAST_CHECK = LOAD_FAST
+
+
+def LOAD_FAST_AND_CLEAR(tx: Translator, inst: Instr) -> None:
+    name = inst.argval
+    tx.push(tx.load_local(name) if name in tx.locals else NullVT())
+    tx.locals.pop(name, None)
+
+
+def STORE_FAST(tx: Translator, inst: Instr) -> None:
+    value = tx.pop()
+    if isinstance(value, NullVT):
+        tx.locals.pop(inst.argval, None)
+    else:
+        tx.locals[inst.argval] = value
+
+
+def DELETE_FAST(tx: Translator, inst: Instr) -> None:
+    tx.locals.pop(inst.argval, None)
+
+
+def LOAD_GLOBAL(tx: Translator, inst: Instr) -> None:
+    if inst.push_null:
+        tx.push(NullVT())
+    tx.push(tx.load_global(inst.argval))
+
+
+def STORE_GLOBAL(tx: Translator, inst: Instr) -> None:
+    tx.store_global(inst.argval, tx.pop())
+
+
+def MAKE_CELL(tx: Translator, inst: Instr) -> None:
+    name = inst.argval
+    tx.cells[name] = CellBox(tx.locals.pop(name, None))
+
+
+def LOAD_DEREF(tx: Translator, inst: Instr) -> None:
+    tx.push(tx.load_cell(inst.argval))
+
+
+def STORE_DEREF(tx: Translator, inst: Instr) -> None:
+    box = tx.cells.get(inst.argval)
+    if box is None:
+        box = tx.cells[inst.argval] = CellBox()
+    if box.source is not None and not getattr(box, "written", False):
+        box.written = True
+        tx.output.side_effects.append(("cell", box))
+    box.value = tx.pop()
+
+
+def LOAD_CLOSURE(tx: Translator, inst: Instr) -> None:
+    name = inst.argval
+    if name not in tx.cells:
+        tx.cells[name] = CellBox(tx.locals.pop(name, None))
+    tx.push(CellVT(tx.cells[name]))
+
+
+def LOAD_ATTR(tx: Translator, inst: Instr) -> None:
+    obj = tx.pop()
+    attr = obj.getattr(tx, inst.argval)
+    if inst.method:
+        tx.push(NullVT())
+    tx.push(attr)
+
+
+def LOAD_METHOD(tx: Translator, inst: Instr) -> None:
+    inst.method = True
+    LOAD_ATTR(tx, inst)
+
+
+def LOAD_SUPER_ATTR(tx: Translator, inst: Instr) -> None:
+    from kiln.capture.variables.functions import SuperVT
+    self_vt = tx.pop()
+    cls = tx.pop()
+    tx.pop()  # the global `super`
+    attr = SuperVT(cls.as_constant(), self_vt).getattr(tx, inst.argval)
+    if inst.method:
+        tx.push(NullVT())
+    tx.push(attr)
+
+
+def STORE_ATTR(tx: Translator, inst: Instr) -> None:
+    obj = tx.pop()
+    value = tx.pop()
+    obj.setattr(tx, inst.argval, value)
+
+
+def IMPORT_NAME(tx: Translator, inst: Instr) -> None:
+    from kiln.capture.variables.builder import wrap_derived
+    fromlist = tx.pop().as_constant()
+    level = tx.pop().as_constant()
+    module = __import__(inst.argval, tx.globals, None, fromlist, level)
+    tx.push(wrap_derived(tx, module))
+
+
+def IMPORT_FROM(tx: Translator, inst: Instr) -> None:
+    tx.push(tx.stack[-1].getattr(tx, inst.argval))
+
+
+# -- operators ---------------------------------------------------------------------------------
+def BINARY_OP(tx: Translator, inst: Instr) -> None:
+    b, a = tx.pop(), tx.pop()
+    op = _BINARY.get(inst.argval)
+    if op is None:
+        unsupported("binary-op", f"operator {inst.argval!r}")
+    tx.push(binary_op(tx, op, a, b))
+
+
+def COMPARE_OP(tx: Translator, inst: Instr) -> None:
+    b, a = tx.pop(), tx.pop()
+    tx.push(binary_op(tx, _COMPARE[inst.argval.strip()[:2].strip()], a, b))
+
+
+def IS_OP(tx: Translator, inst: Instr) -> None:
+    b, a = tx.pop(), tx.pop()
+    same = is_same(a, b)
+    tx.push(ConstantVT(same != bool(inst.arg)))
+
+
+def is_same(a: VT, b: VT) -> bool:
+    if a is b:
+        return True
+    if isinstance(a, TensorVT) and isinstance(b, TensorVT):
+        return a.fake is b.fake
+    if a.is_constant() and b.is_constant():
+        return a.as_constant() is b.as_constant()
+    if isinstance(a, ModuleVT) and isinstance(b, ModuleVT):
+        return a.module is b.module
+    real_a, real_b = getattr(a, "value", a), getattr(b, "value", b)
+    return real_a is real_b
+
+
+def CONTAINS_OP(tx: Translator, inst: Instr) -> None:
+    container, item = tx.pop(), tx.pop()
+    if isinstance(container, DictVT):
+        found = item.as_constant() in container.items
+    elif isinstance(container, (ListVT, TupleVT)) and not isinstance(item, TensorVT):
+        found = any(_equal(item, other) for other in container.items)
+    elif container.is_constant() and item.is_constant():
+        found = item.as_constant() in container.as_constant()
+    else:
+        unsupported("contains", f"`in` on {container.describe()}")
+    tx.push(ConstantVT(found != bool(inst.arg)))
+
+
+def _equal(a: VT, b: VT) -> bool:
+    if a.is_constant() and b.is_constant():
+        return a.as_constant() == b.as_constant()
+    return is_same(a, b)
+
+
+def _unary(op: object) -> object:
+    def handler(tx: Translator, inst: Instr) -> None:
+        value = tx.pop()
+        if isinstance(value, TensorVT):
+            tx.push(graph_call(tx, "call_function", op, [value], {}))
+        elif value.is_constant():
+            tx.push(ConstantVT(op(value.as_constant())))
+        else:
+            unsupported("unary-op", f"{op.__name__} on {value.describe()}")
+    return handler
+
+
+UNARY_NEGATIVE = _unary(operator.neg)
+UNARY_INVERT = _unary(operator.invert)
+
+
+def UNARY_NOT(tx: Translator, inst: Instr) -> None:
+    tx.push(ConstantVT(not tx.pop().truth(tx)))
+
+
+def CALL_INTRINSIC_1(tx: Translator, inst: Instr) -> None:
+    name = inst.argval
+    value = tx.pop()
+    if name == "INTRINSIC_LIST_TO_TUPLE":
+        tx.push(TupleVT(value.unpack(tx)))
+    elif name == "INTRINSIC_UNARY_POSITIVE":
+        tx.push(graph_call(tx, "call_function", operator.pos, [value], {})
+                if isinstance(value, TensorVT) else ConstantVT(+value.as_constant()))
+    else:
+        unsupported("unsupported-intrinsic", f"intrinsic {name}")
+
+
+# -- subscripts --------------------------------------------------------------------------------
+def BINARY_SUBSCR(tx: Translator, inst: Instr) -> None:
+    key, container = tx.pop(), tx.pop()
+    tx.push(subscript(tx, container, key))
+
+
+def subscript(tx: Translator, container: VT, key: VT) -> VT:
+    if isinstance(container, TensorVT):
+        return graph_call(tx, "call_function", operator.getitem, [container, key], {})
+    if isinstance(container, ModuleVT):
+        return container.index(tx, key.as_constant())
+    if isinstance(container, (ListVT, TupleVT, DictVT)):
+        return container.call_method(tx, "__getitem__", [key], {})
+    if container.is_constant() and key.is_constant():
+        from kiln.capture.variables.builder import wrap_derived
+        return wrap_derived(tx, container.as_constant()[key.as_constant()])
+    unsupported("subscript", f"indexing {container.describe()}")
+
+
+def STORE_SUBSCR(tx: Translator, inst: Instr) -> None:
+    key, container, value = tx.pop(), tx.pop(), tx.pop()
+    if isinstance(container, TensorVT):
+        graph_call(tx, "call_function", operator.setitem, [container, key, value], {}, keep=True)
+    elif isinstance(container, (ListVT, DictVT)):
+        container.call_method(tx, "__setitem__", [key, value], {})
+    else:
+        unsupported("store-subscript", f"item assignment on {container.describe()}")
+
+
+def DELETE_SUBSCR(tx: Translator, inst: Instr) -> None:
+    key, container = tx.pop(), tx.pop()
+    if not isinstance(container, (ListVT, DictVT)):
+        unsupported("delete-subscript", f"del on {container.describe()}")
+    container.call_method(tx, "__delitem__", [key], {})
+
+
+def BUILD_SLICE(tx: Translator, inst: Instr) -> None:
+    parts = tx.popn(inst.argval)
+    if len(parts) == 2:
+        parts.append(ConstantVT(None))
+    tx.push(SliceVT(*parts))
+
+
+# -- containers --------------------------------------------------------------------------------
+def BUILD_TUPLE(tx: Translator, inst: Instr) -> None:
+    tx.push(TupleVT(tx.popn(inst.arg)))
+
+
+def BUILD_LIST(tx: Translator, inst: Instr) -> None:
+    tx.push(ListVT(tx.popn(inst.arg)))
+
+
+def BUILD_SET(tx: Translator, inst: Instr) -> None:
+    items = tx.popn(inst.arg)
+    tx.push(ConstantVT({i.as_constant() for i in items}))
+
+
+def BUILD_MAP(tx: Translator, inst: Instr) -> None:
+    flat = tx.popn(2 * inst.arg)
+    tx.push(DictVT({flat[i].as_constant(): flat[i + 1] for i in range(0, len(flat), 2)}))
+
+
+def BUILD_CONST_KEY_MAP(tx: Translator, inst: Instr) -> None:
+    keys = tx.pop().as_constant()
+    values = tx.popn(inst.arg)
+    tx.push(DictVT(dict(zip(keys, values))))
+
+
+def BUILD_STRING(tx: Translator, inst: Instr) -> None:
+    parts = tx.popn(inst.arg)
+    tx.push(ConstantVT("".join(p.as_constant() for p in parts)))
+
+
+def FORMAT_VALUE(tx: Translator, inst: Instr) -> None:
+    conversion, has_spec = inst.argval
+    spec = tx.pop().as_constant() if has_spec else ""
+    value = tx.pop()
+    if not value.is_constant():
+        unsupported("format-value", f"formatting {value.describe()} into a string needs its "
+                    "value", category="user-fixable", hint="format only Python constants in "
+                    "compiled code")
+    raw = value.as_constant()
+    raw = {"str": str, "repr": repr, "ascii": ascii}.get(conversion, lambda v: v)(raw)
+    tx.push(ConstantVT(format(raw, spec)))
+
+
+def LIST_APPEND(tx: Translator, inst: Instr) -> None:
+    value = tx.pop()
+    tx.stack[-inst.arg].call_method(tx, "append", [value], {})
+
+
+def LIST_EXTEND(tx: Translator, inst: Instr) -> None:
+    value = tx.pop()
+    tx.stack[-inst.arg].call_method(tx, "extend", [value], {})
+
+
+def SET_ADD(tx: Translator, inst: Instr) -> None:
+    value = tx.pop()
+    tx.stack[-inst.arg].as_constant().add(value.as_constant())
+
+
+def MAP_ADD(tx: Translator, inst: Instr) -> None:
+    value, key = tx.pop(), tx.pop()
+    tx.stack[-inst.arg].call_method(tx, "__setitem__", [key, value], {})
+
+
+def DICT_UPDATE(tx: Translator, inst: Instr) -> None:
+    other = tx.pop()
+    tx.stack[-inst.arg].call_method(tx, "update", [other], {})
+
+
+DICT_MERGE = DICT_UPDATE
+
+
+def UNPACK_SEQUENCE(tx: Translator, inst: Instr) -> None:
+    items = iterate(tx, tx.pop()).unpack(tx)
+    if len(items) != inst.arg:
+        unsupported("unpack", f"cannot unpack {len(items)} values into {inst.arg}",
+                    category="user-fixable")
+    for item in reversed(items):
+        tx.push(item)
+
+
+def UNPACK_EX(tx: Translator, inst: Instr) -> None:
+    before, after = inst.arg & 0xFF, inst.arg >> 8
+    items = iterate(tx, tx.pop()).unpack(tx)
+    if len(items) < before + after:
+        unsupported("unpack", "not enough values to unpack", category="user-fixable")
+    middle = ListVT(items[before:len(items) - after])
+    for item in reversed(items[:before] + [middle] + items[len(items) - after:]):
+        tx.push(item)
+
+
+_ = torch

@@ -1,0 +1,40 @@
+"""What capture did, as records: graphs compiled, breaks, recompiles. `kiln.explain` collects them;
+logs render the same records as they happen."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch.fx
+
+from kiln.diagnostics import GuardRecord, RecompileReason, Unsupported
+
+__all__ = ["GraphRecord", "Recorder", "active_recorders", "emit"]
+
+
+@dataclasses.dataclass
+class GraphRecord:
+    function: str
+    graph: torch.fx.GraphModule | None
+    ops: list[Any]
+    guards: list[GuardRecord]
+    compile_seconds: dict[str, float]
+
+
+@dataclasses.dataclass
+class Recorder:
+    graphs: list[GraphRecord] = dataclasses.field(default_factory=list)
+    breaks: list[Unsupported] = dataclasses.field(default_factory=list)
+    recompiles: list[RecompileReason] = dataclasses.field(default_factory=list)
+
+
+_active: list[Recorder] = []
+
+
+def active_recorders() -> list[Recorder]:
+    return _active
+
+
+def emit(kind: str, record: Any) -> None:
+    for recorder in _active:
+        getattr(recorder, kind).append(record)

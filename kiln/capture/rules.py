@@ -1,0 +1,112 @@
+"""Rule tables: how capture treats each kind of callable it meets.
+
+- `inline`: Python code interpreted symbolically (user functions, torch.nn module methods).
+- `graph`: one graph node evaluated on fake tensors (torch functions, `allow_in_graph`).
+- `builtin`: a Python builtin, handled by `variables.builtins`.
+- `special` / `context`: kiln's escape hatches and the context managers capture models.
+- `unsupported`: anything else (C extensions, I/O) stops capture with the reason.
+"""
+from __future__ import annotations
+
+import builtins
+import math
+import operator
+import sys
+import types
+from typing import Any
+
+import torch
+
+__all__ = ["classify", "why_unsupported", "is_library_module", "allow_in_graph", "disable",
+           "ALLOWED_IN_GRAPH", "DISABLED"]
+
+ALLOWED_IN_GRAPH: set[int] = set()
+DISABLED: set[int] = set()
+
+# torch Python functions that must be interpreted, not recorded as one node.
+_INLINE_TORCH_PREFIXES = ("torch.nn.modules.", "torch.utils._contextlib")
+# torch functions with side effects on global state, or that need real values.
+_UNSUPPORTED_TORCH = {
+    torch.manual_seed: "sets the global random seed",
+    torch.set_default_dtype: "changes the default dtype",
+    torch.set_grad_enabled.__init__: "changes grad mode",
+}
+_PURE_MODULES = (math, operator)
+
+
+def is_library_module(name: str) -> bool:
+    top = name.split(".")[0]
+    return top in ("torch", "kiln", "builtins", "math", "operator") or top in \
+        sys.stdlib_module_names
+
+
+def allow_in_graph(fn: Any) -> Any:
+    ALLOWED_IN_GRAPH.add(id(fn))
+    return fn
+
+
+def disable(fn: Any) -> Any:
+    DISABLED.add(id(fn))
+    return fn
+
+
+def classify(value: Any) -> str:
+    if id(value) in DISABLED:
+        return "unsupported"
+    if id(value) in ALLOWED_IN_GRAPH:
+        return "graph"
+    if isinstance(value, types.ModuleType):
+        return "module"
+    from kiln.capture.variables.builtins import SPECIAL_FUNCTIONS
+    if _hashable(value) and value in SPECIAL_FUNCTIONS:
+        return "special"
+    if isinstance(value, type):
+        return "class"
+    if isinstance(value, types.MethodType):
+        return "method"
+    if _is_builtin(value):
+        return "builtin"
+    module = getattr(value, "__module__", None) or ""
+    if isinstance(value, types.FunctionType):
+        if module.startswith("torch") and not module.startswith(_INLINE_TORCH_PREFIXES):
+            return "graph"
+        if getattr(value, "__wrapped__", None) is not None and module.startswith("torch"):
+            return "inline"
+        return "inline"
+    if _hashable(value) and value in _UNSUPPORTED_TORCH:
+        return "unsupported"
+    if module.startswith("torch") or isinstance(value, (types.MethodDescriptorType,
+                                                        types.WrapperDescriptorType)) and \
+            getattr(value, "__objclass__", None) is torch._C.TensorBase:
+        return "graph"
+    if getattr(value, "__module__", None) in ("math", "operator", "_operator"):
+        return "builtin"
+    return "unsupported"
+
+
+def why_unsupported(value: Any) -> str:
+    name = getattr(value, "__qualname__", None) or type(value).__qualname__
+    module = getattr(value, "__module__", None) or "?"
+    if id(value) in DISABLED:
+        return f"{name} is wrapped by kiln.disable"
+    if value in _UNSUPPORTED_TORCH if _hashable(value) else False:
+        return f"{module}.{name} {_UNSUPPORTED_TORCH[value]}"
+    return (f"{module}.{name} is not Python code capture can read and not a torch function "
+            f"(a C extension or an unknown callable of type {type(value).__name__})")
+
+
+def _is_builtin(value: Any) -> bool:
+    if getattr(value, "__module__", None) in ("builtins",) and _hashable(value):
+        return getattr(builtins, getattr(value, "__name__", ""), None) is value
+    if isinstance(value, types.BuiltinFunctionType) and getattr(value, "__self__", None) in \
+            _PURE_MODULES:
+        return True
+    return False
+
+
+def _hashable(value: Any) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True

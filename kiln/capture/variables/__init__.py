@@ -1,0 +1,1 @@
+"""Variable trackers used by the capture stage's symbolic interpreter."""

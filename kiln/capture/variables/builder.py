@@ -1,0 +1,144 @@
+"""Turn real Python values into trackers, installing the guards that make reuse safe.
+
+`wrap(tx, value, source)` is for values read from the frame (arguments, globals, closures, module
+state): it guards what capture relies on. `wrap_derived(tx, value)` is for values that capture
+computed itself or that come from library code taken as constant; it installs no guard.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import types
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from kiln.capture import rules
+from kiln.capture.sources import Item, Source
+from kiln.capture.unsupported import unsupported
+from kiln.capture.variables.base import VT, ConstantVT
+from kiln.capture.variables.containers import DictVT, ListVT, SliceVT, TupleVT
+from kiln.capture.variables.functions import BoundMethodVT, TorchFunctionVT, UserFunctionVT
+from kiln.capture.variables.nn_module import ModuleVT
+from kiln.capture.variables.objects import ClassVT, PythonModuleVT, UserObjectVT
+
+if TYPE_CHECKING:
+    from kiln.capture.translator import Translator
+
+__all__ = ["wrap", "wrap_derived"]
+
+_CONSTANT_TYPES = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device,
+                   torch.layout, torch.memory_format, range, type(Ellipsis), type(NotImplemented),
+                   enum.Enum, frozenset)
+
+
+def wrap(tx: Translator, value: Any, source: Source, *, module_guard: bool = False) -> VT:
+    """A tracker for `value`, read from `source`, with guards."""
+    guards = tx.output.guards
+    loc = tx.location()
+    if isinstance(value, torch.Tensor):
+        vt = tx.output.input_for(value, source, type(value))
+        guards.tensor_match(source, value, module=module_guard, location=loc)
+        if vt.source is not source and vt.source != source:  # the same tensor seen twice
+            guards.id_match(source, value, module=module_guard, location=loc)
+        return vt
+    if isinstance(value, _CONSTANT_TYPES):
+        if isinstance(value, (torch.dtype, torch.device, torch.layout, enum.Enum)):
+            guards.id_match(source, value, module=module_guard, location=loc) if not isinstance(
+                value, torch.device) else guards.equals(source, value, module=module_guard,
+                                                        location=loc)
+        else:
+            guards.equals(source, value, module=module_guard, location=loc)
+        return ConstantVT(value, source)
+    if isinstance(value, torch.nn.Module):
+        guards.id_match(source, value, module=module_guard, location=loc)
+        return ModuleVT(value, source)
+    if type(value) in (tuple, list) or isinstance(value, tuple):
+        guards.length(source, value, module=module_guard, location=loc)
+        items = [wrap(tx, item, Item(source, i), module_guard=module_guard)
+                 for i, item in enumerate(value)]
+        if isinstance(value, list):
+            return ListVT(items, source)
+        return TupleVT(items, type(value), source)
+    if type(value) is dict:
+        guards.dict_keys(source, value, module=module_guard, location=loc)
+        items = {k: wrap(tx, v, Item(source, k), module_guard=module_guard)
+                 for k, v in value.items()}
+        return DictVT(items, source)
+    if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, types.ModuleType, type,
+                          types.MethodType, types.MethodDescriptorType,
+                          types.WrapperDescriptorType)) or callable(value) and not hasattr(
+                              value, "__dict__"):
+        if not _library_object(value):
+            guards.id_match(source, value, module=module_guard, location=loc)
+        return _wrap_callable(tx, value, source)
+    if dataclasses.is_dataclass(value) or hasattr(value, "__dict__"):
+        guards.type_match(source, value, module=module_guard, location=loc)
+        return UserObjectVT(value, source)
+    unsupported("unsupported-value", f"{source.name()} has type {type(value).__qualname__}, "
+                "which capture does not handle yet")
+
+
+def wrap_derived(tx: Translator, value: Any) -> VT:
+    """A tracker for a value with no source (computed, or a library constant): no guards."""
+    if isinstance(value, torch.Tensor):
+        unsupported("tensor-constant", "a tensor reached capture without a source (a tensor "
+                    "held by library code or created outside the graph)",
+                    hint="pass the tensor as an argument or store it on the module")
+    if isinstance(value, _CONSTANT_TYPES):
+        return ConstantVT(value)
+    if isinstance(value, torch.Size):
+        return TupleVT([ConstantVT(d) for d in value], torch.Size)
+    if isinstance(value, tuple):
+        return TupleVT([wrap_derived(tx, v) for v in value], type(value))
+    if isinstance(value, list):
+        return ListVT([wrap_derived(tx, v) for v in value])
+    if type(value) is dict:
+        return DictVT({k: wrap_derived(tx, v) for k, v in value.items()})
+    if isinstance(value, slice):
+        return SliceVT(*(ConstantVT(p) for p in (value.start, value.stop, value.step)))
+    if isinstance(value, torch.nn.Module):
+        unsupported("module-without-source", "a module reached capture without a source")
+    if callable(value) or isinstance(value, types.ModuleType):
+        return _wrap_callable(tx, value, None)
+    return UserObjectVT(value, None)
+
+
+def _wrap_callable(tx: Translator, value: Any, source: Source | None) -> VT:
+    from kiln.capture.variables.builtins import BuiltinVT, SpecialVT
+    kind = rules.classify(value)
+    if kind == "module":
+        return PythonModuleVT(value, source)
+    if kind == "class":
+        special = SpecialVT.for_value(value)
+        return special if special is not None else ClassVT(value, source)
+    if kind == "builtin":
+        return BuiltinVT(value)
+    if kind in ("special", "context"):
+        return SpecialVT(value)
+    if kind == "graph":
+        return TorchFunctionVT(value, source)
+    if kind == "method":
+        self_obj = value.__self__
+        self_vt = wrap_derived(tx, self_obj) if source is None else wrap(
+            tx, self_obj, _attr(source, "__self__"))
+        return BoundMethodVT(_wrap_callable(tx, value.__func__, None), self_vt, source)
+    if kind == "inline":
+        return UserFunctionVT(value, source)
+    if kind == "constant":
+        return ConstantVT(value, source)
+    unsupported("unsupported-callable", rules.why_unsupported(value),
+                hint="wrap the call with kiln.allow_in_graph if it only does torch ops, or "
+                     "move it out of the compiled function")
+
+
+def _attr(source: Source, name: str) -> Source:
+    from kiln.capture.sources import Attr
+    return Attr(source, name)
+
+
+def _library_object(value: Any) -> bool:
+    module = getattr(value, "__module__", None) or getattr(value, "__name__", "")
+    if isinstance(value, types.ModuleType):
+        module = value.__name__
+    return isinstance(module, str) and rules.is_library_module(module)

@@ -1,0 +1,286 @@
+"""Callables during capture: user functions (inlined), nested functions made by the traced code,
+bound methods, torch functions (recorded as graph nodes), and `super()` objects."""
+from __future__ import annotations
+
+import inspect
+import types
+from typing import TYPE_CHECKING, Any
+
+from kiln.capture.sources import Attr, FnClosure, Source
+from kiln.capture.unsupported import unsupported
+from kiln.capture.variables.base import VT, CellBox, ConstantVT
+from kiln.capture.variables.containers import DictVT, TupleVT
+
+if TYPE_CHECKING:
+    from kiln.capture.translator import Translator
+
+__all__ = ["UserFunctionVT", "NestedFunctionVT", "BoundMethodVT", "TorchFunctionVT", "SuperVT",
+           "GeneratorVT", "bind_args"]
+
+CO_VARARGS = inspect.CO_VARARGS
+CO_VARKEYWORDS = inspect.CO_VARKEYWORDS
+CO_GENERATOR = inspect.CO_GENERATOR
+_UNINLINABLE_FLAGS = inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | inspect.CO_ITERABLE_COROUTINE
+
+
+class _InlinableVT(VT):
+    """Shared by real and nested Python functions: bind arguments, then interpret the body."""
+
+    def code(self) -> types.CodeType:
+        raise NotImplementedError
+
+    def closure_cells(self, tx: Translator) -> list[CellBox]:
+        raise NotImplementedError
+
+    def defaults(self, tx: Translator) -> tuple[list[VT], dict[str, VT]]:
+        raise NotImplementedError
+
+    def fn_globals(self) -> dict:
+        raise NotImplementedError
+
+    def fn_name(self) -> str:
+        return self.code().co_name
+
+    def python_type(self) -> type:
+        return types.FunctionType
+
+    def call(self, tx: Translator, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        code = self.code()
+        if code.co_flags & _UNINLINABLE_FLAGS:
+            unsupported("async-call", f"calling async function {self.fn_name()} is not supported")
+        defaults, kwdefaults = self.defaults(tx)
+        bound = bind_args(code, self.fn_name(), args, kwargs, defaults, kwdefaults)
+        if code.co_flags & CO_GENERATOR:
+            return GeneratorVT(self, bound)
+        return tx.inline(code, bound, self.closure_cells(tx), self.fn_globals(), self.source)
+
+
+class UserFunctionVT(_InlinableVT):
+    """A real Python function object (a global helper, a method's function, ...)."""
+
+    def __init__(self, fn: types.FunctionType, source: Source | None = None) -> None:
+        self.fn = fn
+        self.source = source
+
+    def code(self) -> types.CodeType:
+        return self.fn.__code__
+
+    def as_constant(self) -> Any:
+        return self.fn
+
+    def fn_name(self) -> str:
+        return self.fn.__qualname__
+
+    def fn_globals(self) -> dict:
+        return self.fn.__globals__
+
+    def closure_cells(self, tx: Translator) -> list[CellBox]:
+        from kiln.capture.variables.builder import wrap
+        cells = []
+        for i, (name, cell) in enumerate(zip(self.fn.__code__.co_freevars,
+                                             self.fn.__closure__ or ())):
+            source = FnClosure(self.source, i, name) if self.source is not None else None
+            try:
+                contents = cell.cell_contents
+            except ValueError:  # an empty cell (variable assigned later)
+                cells.append(CellBox(None, source))
+                continue
+            value = wrap(tx, contents, source) if source is not None else wrap_unguarded(tx, contents)
+            cells.append(CellBox(value, source))
+        return cells
+
+    def defaults(self, tx: Translator) -> tuple[list[VT], dict[str, VT]]:
+        defaults = [wrap_unguarded(tx, d) for d in (self.fn.__defaults__ or ())]
+        kwdefaults = {k: wrap_unguarded(tx, v) for k, v in (self.fn.__kwdefaults__ or {}).items()}
+        return defaults, kwdefaults
+
+    def getattr(self, tx: Translator, name: str) -> VT:
+        if name in ("__name__", "__qualname__", "__module__", "__doc__"):
+            return ConstantVT(getattr(self.fn, name))
+        return super().getattr(tx, name)
+
+
+def wrap_unguarded(tx: Translator, value: Any) -> VT:
+    from kiln.capture.variables.builder import wrap_derived
+    return wrap_derived(tx, value)
+
+
+class NestedFunctionVT(_InlinableVT):
+    """A function created by MAKE_FUNCTION inside the traced code (lambdas, inner defs, genexprs)."""
+
+    def __init__(self, code: types.CodeType, qualname: str, defaults: list[VT],
+                 kwdefaults: dict[str, VT], closure: list[CellBox], fn_globals: dict) -> None:
+        self._code = code
+        self.qualname = qualname
+        self._defaults = defaults
+        self._kwdefaults = kwdefaults
+        self.closure = closure
+        self._globals = fn_globals
+
+    def code(self) -> types.CodeType:
+        return self._code
+
+    def fn_name(self) -> str:
+        return self.qualname
+
+    def fn_globals(self) -> dict:
+        return self._globals
+
+    def closure_cells(self, tx: Translator) -> list[CellBox]:
+        return self.closure
+
+    def defaults(self, tx: Translator) -> tuple[list[VT], dict[str, VT]]:
+        return self._defaults, self._kwdefaults
+
+
+class BoundMethodVT(VT):
+    """`obj.method` for a Python-level method: calls the function with `obj` first."""
+
+    def __init__(self, fn: VT, self_vt: VT, source: Source | None = None) -> None:
+        self.fn = fn
+        self.self_vt = self_vt
+        self.source = source
+
+    def python_type(self) -> type:
+        return types.MethodType
+
+    def call(self, tx: Translator, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        return self.fn.call(tx, [self.self_vt, *args], kwargs)
+
+    def getattr(self, tx: Translator, name: str) -> VT:
+        if name == "__self__":
+            return self.self_vt
+        if name == "__func__":
+            return self.fn
+        return self.fn.getattr(tx, name)
+
+
+class TorchFunctionVT(VT):
+    """A torch function recorded as one `call_function` node, evaluated on fake tensors."""
+
+    def __init__(self, fn: Any, source: Source | None = None) -> None:
+        self.fn = fn
+        self.source = source
+
+    def python_type(self) -> type:
+        return type(self.fn)
+
+    def as_constant(self) -> Any:
+        return self.fn
+
+    def call(self, tx: Translator, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        from kiln.capture.variables.tensor import graph_call
+        return graph_call(tx, "call_function", self.fn, args, kwargs)
+
+    def getattr(self, tx: Translator, name: str) -> VT:
+        from kiln.capture.variables.builder import wrap_derived
+        if name in ("__name__", "__qualname__", "__module__"):
+            return ConstantVT(getattr(self.fn, name))
+        return wrap_derived(tx, getattr(self.fn, name))
+
+    def describe(self) -> str:
+        return f"torch function {getattr(self.fn, '__qualname__', self.fn)}"
+
+
+class SuperVT(VT):
+    """`super(cls, obj)`: attribute lookup starts after `cls` in type(obj).__mro__."""
+
+    def __init__(self, cls: type, obj: VT) -> None:
+        self.cls = cls
+        self.obj = obj
+
+    def getattr(self, tx: Translator, name: str) -> VT:
+        from kiln.capture.variables.builder import wrap_derived
+        mro = self.obj.python_type().__mro__
+        for klass in mro[mro.index(self.cls) + 1:]:
+            if name in klass.__dict__:
+                attr = klass.__dict__[name]
+                if isinstance(attr, types.FunctionType):
+                    return BoundMethodVT(UserFunctionVT(attr), self.obj)
+                if isinstance(attr, (staticmethod,)):
+                    return wrap_derived(tx, attr.__func__)
+                if isinstance(attr, classmethod):
+                    return BoundMethodVT(UserFunctionVT(attr.__func__),
+                                         ConstantVT(self.obj.python_type()))
+                if attr is object.__init__:
+                    return _NoopVT()
+                return wrap_derived(tx, getattr(super(self.cls, _Probe(klass)), name, attr))
+        unsupported("super-attribute", f"super().{name} not found", category="user-fixable")
+
+
+class _Probe:
+    def __init__(self, klass: type) -> None:
+        self.klass = klass
+
+
+class _NoopVT(VT):
+    def call(self, tx: Translator, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        return ConstantVT(None)
+
+
+class GeneratorVT(VT):
+    """A generator created by the traced code: run to completion when first iterated."""
+
+    def __init__(self, fn: _InlinableVT, bound: dict[str, VT]) -> None:
+        self.fn = fn
+        self.bound = bound
+        self.items: list[VT] | None = None
+
+    def python_type(self) -> type:
+        return types.GeneratorType
+
+    def unpack(self, tx: Translator) -> list[VT]:
+        if self.items is None:
+            self.items = tx.inline_generator(self.fn.code(), self.bound,
+                                             self.fn.closure_cells(tx), self.fn.fn_globals())
+        items, self.items = self.items, []
+        return items
+
+
+def bind_args(code: types.CodeType, name: str, args: list[VT], kwargs: dict[str, VT],
+              defaults: list[VT], kwdefaults: dict[str, VT]) -> dict[str, VT]:
+    """CPython's argument binding, on trackers. Errors become user-fixable Unsupported (running
+    the function eagerly then raises the real TypeError)."""
+    nargs, nposonly, nkw = code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount
+    names = code.co_varnames
+    pos_names, kw_names = names[:nargs], names[nargs:nargs + nkw]
+    extra_index = nargs + nkw
+    varargs = names[extra_index] if code.co_flags & CO_VARARGS else None
+    varkw = names[extra_index + (1 if varargs else 0)] if code.co_flags & CO_VARKEYWORDS else None
+    bound: dict[str, VT] = dict(zip(pos_names, args))
+    if len(args) > nargs and varargs is None:
+        _bad_call(name, f"takes {nargs} positional arguments but {len(args)} were given")
+    if varargs is not None:
+        bound[varargs] = TupleVT(list(args[nargs:]))
+    rest: dict[str, VT] = {}
+    for key, value in kwargs.items():
+        if key in pos_names[nposonly:] or key in kw_names:
+            if key in bound:
+                _bad_call(name, f"got multiple values for argument {key!r}")
+            bound[key] = value
+        elif varkw is not None:
+            rest[key] = value
+        else:
+            _bad_call(name, f"got an unexpected keyword argument {key!r}")
+    first_default = nargs - len(defaults)
+    for index, param in enumerate(pos_names):
+        if param not in bound:
+            if index < first_default:
+                _bad_call(name, f"missing required argument {param!r}")
+            bound[param] = defaults[index - first_default]
+    for param in kw_names:
+        if param not in bound:
+            if param not in kwdefaults:
+                _bad_call(name, f"missing required keyword-only argument {param!r}")
+            bound[param] = kwdefaults[param]
+    if varkw is not None:
+        bound[varkw] = DictVT(rest)
+    return bound
+
+
+def _bad_call(name: str, why: str) -> None:
+    unsupported("bad-call", f"{name}() {why}", category="user-fixable")
+
+
+def method_source(base: Source | None, name: str) -> Source | None:
+    return Attr(base, name) if base is not None else None

@@ -1,0 +1,180 @@
+"""nn.Module instances during capture.
+
+Attribute reads follow Python's lookup order for modules (data descriptors on the class, the
+instance `__dict__`, class attributes, then `_parameters`, `_buffers`, `_modules`). Parameters and
+buffers become graph inputs read through those dicts. Every value read here is guarded with a
+*module* guard, re-checked only when the module version counter moved (see `mutation`).
+Calling a module inlines its `forward` (and its hooks, through `call_module_with_hooks`).
+"""
+from __future__ import annotations
+
+import types
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from kiln.capture.sources import Buffer, DictAttr, Param, Source, SubModule
+from kiln.capture.unsupported import unsupported
+from kiln.capture.variables.base import VT, ConstantVT
+from kiln.capture.variables.containers import ListVT, TupleVT
+from kiln.capture.variables.functions import BoundMethodVT, UserFunctionVT
+from kiln.capture.variables.objects import MISSING, ClassVT, _ObjectBase, lookup_class_attr
+
+if TYPE_CHECKING:
+    from kiln.capture.translator import Translator
+
+__all__ = ["ModuleVT", "module_has_hooks", "call_module_with_hooks"]
+
+_HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+
+
+def module_has_hooks(module: torch.nn.Module) -> bool:
+    from torch.nn.modules import module as module_mod
+    if any(getattr(module, name, None) for name in _HOOK_DICTS):
+        return True
+    return bool(module_mod._global_forward_hooks or module_mod._global_forward_pre_hooks
+                or module_mod._global_backward_hooks or module_mod._global_backward_pre_hooks)
+
+
+def call_module_with_hooks(module, forward, args, kwargs):  # inlined by capture: keep it simple
+    """nn.Module._call_impl for forward hooks, as plain Python that capture can inline."""
+    for hook_id, hook in module._forward_pre_hooks.items():
+        if hook_id in module._forward_pre_hooks_with_kwargs:
+            result = hook(module, args, kwargs)
+            if result is not None:
+                args, kwargs = result
+        else:
+            result = hook(module, args)
+            if result is not None:
+                args = result if isinstance(result, tuple) else (result,)
+    output = forward(*args, **kwargs)
+    for hook_id, hook in module._forward_hooks.items():
+        if hook_id in module._forward_hooks_with_kwargs:
+            result = hook(module, args, kwargs, output)
+        else:
+            result = hook(module, args, output)
+        if result is not None:
+            output = result
+    return output
+
+
+class ModuleVT(_ObjectBase):
+    def __init__(self, module: torch.nn.Module, source: Source | None) -> None:
+        self.module = module
+        self.cls = type(module)
+        self.source = source
+        self.pending: dict[str, VT] = {}
+
+    def as_constant(self) -> Any:
+        return self.module
+
+    def truth(self, tx: Translator) -> bool:
+        return bool(self.module)
+
+    def getattr(self, tx: Translator, name: str) -> VT:
+        from kiln.capture.variables.builder import wrap
+        if name in self.pending:
+            return self.pending[name]
+        module, src = self.module, self.source
+        if name == "__class__":
+            return ClassVT(self.cls)
+        attr = lookup_class_attr(self.cls, name)
+        if isinstance(attr, property) or hasattr(attr, "__set__"):
+            return self.class_attr(tx, name)
+        instance_dict = module.__dict__
+        if name in instance_dict:
+            return wrap(tx, instance_dict[name], DictAttr(src, name), module_guard=True)
+        if attr is not MISSING:
+            if src is not None:
+                tx.output.guards.not_in_dict(src, name)
+            return self.class_attr(tx, name)
+        for slot, kind in (("_parameters", Param), ("_buffers", Buffer), ("_modules", SubModule)):
+            table = instance_dict.get(slot, {})
+            if name in table:
+                return wrap(tx, table[name], kind(src, name), module_guard=True)
+        unsupported("missing-attribute", f"{type(module).__name__} has no attribute {name!r}",
+                    category="user-fixable")
+
+    def setattr(self, tx: Translator, name: str, value: VT) -> None:
+        if self.source is None:
+            unsupported("setattr", f"setting {name!r} on a module without a source")
+        if isinstance(value, (ModuleVT,)) or name in self.module._parameters:
+            unsupported("module-setattr", f"assigning a module or parameter to {name!r} inside "
+                        "a compiled function is not supported",
+                        hint="assign modules and parameters outside the compiled function")
+        if not self.pending:
+            tx.output.side_effects.append(("attrs", self))
+        self.pending[name] = value
+
+    def call(self, tx: Translator, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        forward = self.getattr(tx, "forward")
+        if not module_has_hooks(self.module):
+            return forward.call(tx, args, kwargs)
+        from kiln.capture.variables.builder import wrap_derived
+        from kiln.capture.variables.containers import DictVT
+        helper = UserFunctionVT(call_module_with_hooks)
+        hooks_dicts_guard(tx, self)
+        return helper.call(tx, [self, forward, TupleVT(list(args)), DictVT(dict(kwargs))], {})
+
+    def call_method(self, tx: Translator, name: str, args: list[VT],
+                    kwargs: dict[str, VT]) -> VT:
+        container = _CONTAINER_METHODS.get(name)
+        if container is not None and isinstance(self.module, (torch.nn.ModuleDict,
+                                                              torch.nn.ParameterDict)):
+            return container(self, tx)
+        if name in ("parameters", "named_parameters", "buffers", "children", "modules"):
+            unsupported("module-iteration", f"module.{name}() inside a compiled function")
+        return super().call_method(tx, name, args, kwargs)
+
+    def unpack(self, tx: Translator) -> list[VT]:
+        module = self.module
+        if isinstance(module, (torch.nn.Sequential, torch.nn.ModuleList)):
+            return [self.getattr(tx, key) for key in module._modules]
+        if isinstance(module, torch.nn.ModuleDict):
+            return [ConstantVT(key) for key in module._modules]
+        if isinstance(module, torch.nn.ParameterList):
+            return [self.getattr(tx, key) for key in module._parameters]
+        unsupported("module-iteration", f"iterating over {type(module).__name__}")
+
+    def index(self, tx: Translator, key: Any) -> VT:
+        module = self.module
+        if isinstance(module, (torch.nn.Sequential, torch.nn.ModuleList)):
+            if isinstance(key, slice):
+                unsupported("module-slice", "slicing a Sequential/ModuleList inside forward")
+            keys = list(module._modules)
+            return self.getattr(tx, keys[key])
+        if isinstance(module, torch.nn.ModuleDict):
+            return self.getattr(tx, key)
+        unsupported("module-index", f"indexing {type(module).__name__}")
+
+    def describe(self) -> str:
+        where = f" {self.source.name()}" if self.source is not None else ""
+        return f"module{where} ({type(self.module).__name__})"
+
+
+def _dict_items(self: ModuleVT, tx: Translator) -> VT:
+    return ListVT([TupleVT([ConstantVT(k), self.getattr(tx, k)]) for k in self.module._modules])
+
+
+def _dict_values(self: ModuleVT, tx: Translator) -> VT:
+    return ListVT([self.getattr(tx, k) for k in self.module._modules])
+
+
+def _dict_keys(self: ModuleVT, tx: Translator) -> VT:
+    return ListVT([ConstantVT(k) for k in self.module._modules])
+
+
+_CONTAINER_METHODS = {"items": _dict_items, "values": _dict_values, "keys": _dict_keys}
+
+
+def hooks_dicts_guard(tx: Translator, module_vt: ModuleVT) -> None:
+    """Hooks are read as values while inlining; their identity is covered by the module version
+    counter, which `register_*_hook` and handle removal bump."""
+    del tx, module_vt
+
+
+def bound_forward(module: torch.nn.Module) -> types.FunctionType:
+    return type(module).forward
+
+
+__all__ += ["BoundMethodVT"]

@@ -1,0 +1,307 @@
+"""Plain Python objects during capture: Python modules, classes, user objects (read from the
+frame or created by the traced code), and the context managers capture understands."""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import types
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from kiln.capture import _compat
+from kiln.capture.sources import Attr, Source
+from kiln.capture.unsupported import unsupported
+from kiln.capture.variables.base import VT, ConstantVT
+from kiln.capture.variables.containers import TupleVT, is_namedtuple_class
+from kiln.capture.variables.functions import BoundMethodVT, UserFunctionVT
+
+if TYPE_CHECKING:
+    from kiln.capture.translator import Translator
+
+__all__ = ["PythonModuleVT", "ClassVT", "UserObjectVT", "NewObjectVT", "GradModeVT",
+           "AutocastVT", "lookup_class_attr"]
+
+MISSING = object()
+
+
+class PythonModuleVT(VT):
+    """A Python module (`torch`, `math`, a user module)."""
+
+    def __init__(self, module: types.ModuleType, source: Source | None = None) -> None:
+        self.module = module
+        self.source = source
+
+    def python_type(self) -> type:
+        return types.ModuleType
+
+    def as_constant(self) -> Any:
+        return self.module
+
+    def getattr(self, tx: Translator, name: str) -> VT:
+        from kiln.capture.variables.builder import wrap, wrap_derived
+        try:
+            value = getattr(self.module, name)
+        except AttributeError:
+            unsupported("missing-attribute", f"module {self.module.__name__} has no attribute "
+                        f"{name!r}", category="user-fixable")
+        if self.source is not None and not _is_library(self.module):
+            return wrap(tx, value, Attr(self.source, name))
+        return wrap_derived(tx, value)
+
+
+def _is_library(module: types.ModuleType) -> bool:
+    """Library modules are taken as constant; user modules are guarded."""
+    import sys
+    name = module.__name__.split(".")[0]
+    return name in ("torch", "kiln", "math", "operator", "builtins", "functools", "typing",
+                    "collections", "dataclasses", "numbers", "enum", "warnings") or (
+        name in sys.stdlib_module_names)
+
+
+def lookup_class_attr(cls: type, name: str) -> Any:
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            return klass.__dict__[name]
+    return MISSING
+
+
+class ClassVT(VT):
+    """A class object; calling it builds namedtuples, dataclasses and plain user objects."""
+
+    def __init__(self, cls: type, source: Source | None = None) -> None:
+        self.cls = cls
+        self.source = source
+
+    def python_type(self) -> type:
+        return type(self.cls)
+
+    def is_constant(self) -> bool:
+        return True
+
+    def as_constant(self) -> Any:
+        return self.cls
+
+    def getattr(self, tx: Translator, name: str) -> VT:
+        from kiln.capture.variables.builder import wrap_derived
+        attr = lookup_class_attr(self.cls, name)
+        if isinstance(attr, staticmethod):
+            return wrap_derived(tx, attr.__func__)
+        if isinstance(attr, classmethod):
+            return BoundMethodVT(UserFunctionVT(attr.__func__), self)
+        if attr is MISSING:
+            attr = getattr(self.cls, name, MISSING)
+            if attr is MISSING:
+                unsupported("missing-attribute", f"{self.cls.__qualname__} has no attribute "
+                            f"{name!r}", category="user-fixable")
+        return wrap_derived(tx, attr)
+
+    def call(self, tx: Translator, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        cls = self.cls
+        if is_namedtuple_class(cls):
+            values = _bind_namedtuple(cls, args, kwargs)
+            return TupleVT(values, cls)
+        if issubclass(cls, torch.nn.Module):
+            unsupported("module-construction", f"creating a {cls.__qualname__} module inside a "
+                        "compiled function", hint="create modules in __init__, not in forward")
+        if (cls.__new__ is object.__new__ and type(cls) is type
+                and isinstance(lookup_class_attr(cls, "__init__"), types.FunctionType)):
+            obj = NewObjectVT(cls)
+            init = lookup_class_attr(cls, "__init__")
+            UserFunctionVT(init).call(tx, [obj, *args], kwargs)
+            return obj
+        if all(a.is_constant() for a in args) and all(v.is_constant() for v in kwargs.values()):
+            from kiln.capture.variables.builder import wrap_derived
+            return wrap_derived(tx, cls(*[a.as_constant() for a in args],
+                                        **{k: v.as_constant() for k, v in kwargs.items()}))
+        unsupported("class-call", f"creating a {cls.__qualname__} object inside a compiled "
+                    "function is not supported")
+
+    def describe(self) -> str:
+        return f"class {self.cls.__qualname__}"
+
+
+def _bind_namedtuple(cls: type, args: list[VT], kwargs: dict[str, VT]) -> list[VT]:
+    fields = cls._fields
+    values: dict[str, VT] = dict(zip(fields, args))
+    values.update(kwargs)
+    defaults = getattr(cls, "_field_defaults", {})
+    missing = [f for f in fields if f not in values and f not in defaults]
+    if missing:
+        unsupported("bad-call", f"{cls.__name__}() missing {missing}", category="user-fixable")
+    return [values[f] if f in values else ConstantVT(defaults[f]) for f in fields]
+
+
+class _ObjectBase(VT):
+    """Attribute protocol shared by objects read from the frame and objects made while tracing."""
+
+    cls: type
+
+    def python_type(self) -> type:
+        return self.cls
+
+    def truth(self, tx: Translator) -> bool:
+        if lookup_class_attr(self.cls, "__bool__") is MISSING and \
+                lookup_class_attr(self.cls, "__len__") is MISSING:
+            return True
+        return super().truth(tx)
+
+    def class_attr(self, tx: Translator, name: str) -> VT | None:
+        from kiln.capture.variables.builder import wrap_derived
+        attr = lookup_class_attr(self.cls, name)
+        if attr is MISSING:
+            return None
+        if isinstance(attr, types.FunctionType):
+            return BoundMethodVT(UserFunctionVT(attr), self)
+        if isinstance(attr, property) and attr.fget is not None:
+            return UserFunctionVT(attr.fget).call(tx, [self], {})
+        if isinstance(attr, staticmethod):
+            return wrap_derived(tx, attr.__func__)
+        if isinstance(attr, classmethod):
+            return BoundMethodVT(UserFunctionVT(attr.__func__), ClassVT(self.cls))
+        if hasattr(attr, "__get__") and not isinstance(attr, (int, float, str, tuple, type)):
+            unsupported("descriptor", f"descriptor {name!r} of {self.cls.__qualname__}")
+        return wrap_derived(tx, attr)
+
+
+class UserObjectVT(_ObjectBase):
+    """An object read from the frame. Reads go to the real object (guarded); writes are recorded
+    and replayed on the real object after the graph runs."""
+
+    def __init__(self, value: Any, source: Source | None) -> None:
+        self.value = value
+        self.cls = type(value)
+        self.source = source
+        self.pending: dict[str, VT] = {}
+
+    def as_constant(self) -> Any:
+        return self.value
+
+    def getattr(self, tx: Translator, name: str) -> VT:
+        from kiln.capture.variables.builder import wrap, wrap_derived
+        if name in self.pending:
+            return self.pending[name]
+        if name == "__class__":
+            return ClassVT(self.cls)
+        attr = lookup_class_attr(self.cls, name)
+        is_data_descriptor = hasattr(attr, "__set__") or hasattr(attr, "__delete__")
+        instance_dict = getattr(self.value, "__dict__", {})
+        if not is_data_descriptor and name in instance_dict:
+            value = instance_dict[name]
+            return wrap(tx, value, Attr(self.source, name)) if self.source else \
+                wrap_derived(tx, value)
+        found = self.class_attr(tx, name)
+        if found is not None:
+            return found
+        unsupported("missing-attribute", f"{self.describe()} has no attribute {name!r}",
+                    category="user-fixable")
+
+    def setattr(self, tx: Translator, name: str, value: VT) -> None:
+        if self.source is None:
+            unsupported("setattr", f"setting {name!r} on {self.describe()}")
+        if not self.pending:
+            tx.output.side_effects.append(("attrs", self))
+        self.pending[name] = value
+
+
+class NewObjectVT(_ObjectBase):
+    """An object created by the traced code (a dataclass or plain class instance)."""
+
+    def __init__(self, cls: type) -> None:
+        self.cls = cls
+        self.attrs: dict[str, VT] = {}
+
+    def getattr(self, tx: Translator, name: str) -> VT:
+        if name in self.attrs:
+            return self.attrs[name]
+        if name == "__class__":
+            return ClassVT(self.cls)
+        found = self.class_attr(tx, name)
+        if found is None:
+            unsupported("missing-attribute", f"{self.describe()} has no attribute {name!r}",
+                        category="user-fixable")
+        return found
+
+    def setattr(self, tx: Translator, name: str, value: VT) -> None:
+        self.attrs[name] = value
+
+    def is_dataclass(self) -> bool:
+        return dataclasses.is_dataclass(self.cls)
+
+
+class GradModeVT(VT):
+    """torch.no_grad() / enable_grad() / set_grad_enabled(b) as a context manager."""
+
+    def __init__(self, enabled: bool, already_applied: bool = False) -> None:
+        self.enabled = enabled
+        self.prev = torch.is_grad_enabled()
+        self.already_applied = already_applied
+
+    def python_type(self) -> type:
+        return torch.set_grad_enabled if self.already_applied else torch.no_grad
+
+    def enter(self, tx: Translator) -> VT:
+        if not self.already_applied:
+            self.prev = torch.is_grad_enabled()
+            set_grad(tx, self.enabled)
+        return ConstantVT(None)
+
+    def exit(self, tx: Translator) -> VT:
+        set_grad(tx, self.prev)
+        return ConstantVT(None)
+
+    def call(self, tx: Translator, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        # Used as a decorator on a function: @torch.no_grad() def f(...)
+        if len(args) == 1 and not kwargs:
+            return _DecoratedVT(self, args[0])
+        return super().call(tx, args, kwargs)
+
+
+def set_grad(tx: Translator, enabled: bool) -> None:
+    from kiln.capture.variables.tensor import graph_call
+    if torch.is_grad_enabled() != enabled:
+        graph_call(tx, "call_function", _compat.set_grad_enabled, [ConstantVT(enabled)], {},
+                   keep=True)
+
+
+class _DecoratedVT(VT):
+    def __init__(self, ctx: VT, fn: VT) -> None:
+        self.ctx, self.fn = ctx, fn
+
+    def call(self, tx: Translator, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        self.ctx.enter(tx)
+        result = self.fn.call(tx, args, kwargs)
+        self.ctx.exit(tx)
+        return result
+
+
+class AutocastVT(VT):
+    """torch.autocast(device_type, dtype=..., enabled=...) as a context manager."""
+
+    def __init__(self, args: tuple, kwargs: dict) -> None:
+        bound = inspect.signature(torch.autocast.__init__).bind(None, *args, **kwargs)
+        bound.apply_defaults()
+        params = dict(bound.arguments)
+        params.pop("self")
+        self.device = params["device_type"]
+        self.dtype = params.get("dtype") or torch.get_autocast_dtype(self.device)
+        self.enabled = params.get("enabled", True)
+        self.cache = params.get("cache_enabled")
+
+    def python_type(self) -> type:
+        return torch.autocast
+
+    def enter(self, tx: Translator) -> VT:
+        args = (self.device, self.dtype, self.enabled, self.cache)
+        self.node, self.mode = tx.output.create_node(
+            "call_function", _compat.enter_autocast, args, {},
+            lambda: _compat.enter_autocast(*args))
+        tx.output.open_contexts.append(self.mode)
+        return ConstantVT(None)
+
+    def exit(self, tx: Translator) -> VT:
+        mode = self.mode
+        tx.output.create_node("call_function", _compat.exit_autocast, (self.node,), {},
+                              lambda: _compat.exit_autocast(mode))
+        tx.output.open_contexts.remove(mode)
+        return ConstantVT(None)

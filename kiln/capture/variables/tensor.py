@@ -1,0 +1,211 @@
+"""Tensors during capture: an FX node plus its FakeTensor value.
+
+Metadata reads (`x.shape`, `x.dtype`, `x.dim()`) are answered from the fake value at compile time
+and become constants (the input guards make that safe); tensor computations become graph nodes.
+Anything that needs a tensor's *values* in Python (`.item()`, `bool(x)`, `.tolist()`) stops capture.
+"""
+from __future__ import annotations
+
+import operator
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.fx
+
+from kiln.capture.sources import Source
+from kiln.capture.unsupported import unsupported
+from kiln.capture.variables.base import VT, ConstantVT
+
+if TYPE_CHECKING:
+    from kiln.capture.translator import Translator
+
+__all__ = ["TensorVT", "TensorMethodVT", "graph_call", "to_graph_args"]
+
+_CONSTANT_ATTRS = frozenset({
+    "dtype", "device", "requires_grad", "ndim", "is_cuda", "is_leaf", "layout", "is_sparse",
+    "is_quantized", "is_nested", "is_meta", "is_cpu", "is_mps", "is_complex_dtype",
+})
+_NODE_ATTRS = frozenset({"T", "mT", "H", "mH", "real", "imag"})
+_METADATA_METHODS = frozenset({
+    "size", "dim", "stride", "numel", "element_size", "is_contiguous", "is_floating_point",
+    "is_complex", "nelement", "ndimension", "get_device", "is_signed", "storage_offset",
+})
+_VALUE_METHODS = {
+    "item": "reads a tensor value into Python",
+    "tolist": "converts a tensor into a Python list",
+    "numpy": "converts a tensor into a NumPy array",
+    "data_ptr": "reads a memory address",
+    "__bool__": "needs the truth value of a tensor",
+    "__int__": "converts a tensor into a Python int",
+    "__float__": "converts a tensor into a Python float",
+    "backward": "runs autograd inside the compiled function",
+    "register_hook": "registers a tensor hook",
+    "retain_grad": "changes autograd state of a tensor",
+    "untyped_storage": "reads tensor storage",
+}
+_INPLACE_KEEP = frozenset({operator.setitem})
+
+
+class TensorVT(VT):
+    def __init__(self, node: torch.fx.Node, fake: torch.Tensor, python_type: type = torch.Tensor,
+                 source: Source | None = None) -> None:
+        self.node = node
+        self.fake = fake
+        self._type = python_type
+        self.source = source
+
+    def python_type(self) -> type:
+        return self._type
+
+    def getattr(self, tx: Translator, name: str) -> VT:
+        if name == "shape":
+            return size_vt(self.fake.shape)
+        if name in _CONSTANT_ATTRS:
+            return ConstantVT(getattr(self.fake, name))
+        if name in _NODE_ATTRS:
+            return graph_call(tx, "call_function", getattr, [self, ConstantVT(name)], {})
+        if name in ("grad", "data", "grad_fn", "_version"):
+            unsupported("tensor-attribute", f"reading tensor.{name} inside a compiled function "
+                        "is not supported yet", hint=f"read .{name} outside the compiled function")
+        if callable(getattr(torch.Tensor, name, None)):
+            return TensorMethodVT(self, name)
+        unsupported("tensor-attribute", f"tensor attribute {name!r} is not supported")
+
+    def call_method(self, tx: Translator, name: str, args: list[VT],
+                    kwargs: dict[str, VT]) -> VT:
+        return TensorMethodVT(self, name).call(tx, args, kwargs)
+
+    def setattr(self, tx: Translator, name: str, value: VT) -> None:
+        unsupported("tensor-setattr", f"setting tensor.{name} inside a compiled function is not "
+                    "supported", hint="set it outside the compiled function")
+
+    def unpack(self, tx: Translator) -> list[VT]:
+        if self.fake.dim() == 0:
+            unsupported("not-iterable", "iteration over a 0-d tensor", category="user-fixable")
+        return [graph_call(tx, "call_function", operator.getitem, [self, ConstantVT(i)], {})
+                for i in range(self.fake.shape[0])]
+
+    def truth(self, tx: Translator) -> bool:
+        unsupported("data-dependent-branch", "a Python branch on a tensor value "
+                    "(`if tensor:` or `while tensor:`) needs the value at compile time",
+                    hint="use torch.where, or compute the condition outside the compiled function")
+
+    def describe(self) -> str:
+        where = f" {self.source.name()}" if self.source is not None else ""
+        return f"tensor{where} {tuple(self.fake.shape)} {self.fake.dtype}"
+
+
+class TensorMethodVT(VT):
+    """`x.method` before it is called."""
+
+    def __init__(self, tensor: TensorVT, name: str) -> None:
+        self.tensor = tensor
+        self.name = name
+
+    def python_type(self) -> type:
+        return type(torch.Tensor.add.__get__(torch.empty(0)))
+
+    def call(self, tx: Translator, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        name = self.name
+        if name in _VALUE_METHODS:
+            unsupported(f"tensor-{name.strip('_')}", f"tensor.{name}() {_VALUE_METHODS[name]}",
+                        category="fundamental",
+                        hint="keep the computation in tensors, or move it out of the function")
+        if name in _METADATA_METHODS:
+            fake_args = [to_graph_args(a)[1] for a in args]
+            fake_kwargs = {k: to_graph_args(v)[1] for k, v in kwargs.items()}
+            result = getattr(self.tensor.fake, name)(*fake_args, **fake_kwargs)
+            return size_vt(result) if isinstance(result, torch.Size) else ConstantVT(result)
+        if name == "type" and not args and not kwargs:
+            return ConstantVT(self.tensor.fake.type())
+        return graph_call(tx, "call_method", name, [self.tensor, *args], kwargs)
+
+
+def size_vt(shape: torch.Size) -> VT:
+    from kiln.capture.variables.containers import TupleVT
+    return TupleVT([ConstantVT(int(d)) for d in shape], torch.Size)
+
+
+def to_graph_args(vt: Any) -> tuple[Any, Any]:
+    """(argument for the FX node, argument for the fake computation) of a tracker."""
+    from kiln.capture.variables.containers import ListVT, SliceVT, TupleVT, DictVT
+    if isinstance(vt, TensorVT):
+        return vt.node, vt.fake
+    if isinstance(vt, ConstantVT):
+        return vt.value, vt.value
+    if isinstance(vt, TupleVT):
+        pairs = [to_graph_args(item) for item in vt.items]
+        cls = vt.cls if vt.cls in (tuple, torch.Size) else tuple
+        nodes = tuple(p[0] for p in pairs)
+        fakes = tuple(p[1] for p in pairs)
+        return (nodes, fakes) if cls is tuple else (nodes, cls(fakes))
+    if isinstance(vt, ListVT):
+        pairs = [to_graph_args(item) for item in vt.items]
+        return [p[0] for p in pairs], [p[1] for p in pairs]
+    if isinstance(vt, SliceVT):
+        parts = [to_graph_args(p) for p in (vt.start, vt.stop, vt.step)]
+        return slice(*(p[0] for p in parts)), slice(*(p[1] for p in parts))
+    if isinstance(vt, DictVT):
+        pairs = {k: to_graph_args(v) for k, v in vt.items.items()}
+        return {k: p[0] for k, p in pairs.items()}, {k: p[1] for k, p in pairs.items()}
+    unsupported("graph-argument", f"{vt.describe()} cannot be passed to a tensor operation in "
+                "a captured graph")
+
+
+def graph_call(tx: Translator, op: str, target: Any, args: list[VT], kwargs: dict[str, VT],
+               *, keep: bool = False) -> VT:
+    """Record `target(*args, **kwargs)` as a node; wrap what it returns.
+
+    Results with no tensor in them become constants and the node is dropped, unless `keep`
+    (the call changes state, like `_set_grad_enabled`)."""
+    node_args, fake_args = zip(*(to_graph_args(a) for a in args)) if args else ((), ())
+    pairs = {k: to_graph_args(v) for k, v in kwargs.items()}
+    node_kwargs = {k: p[0] for k, p in pairs.items()}
+    fake_kwargs = {k: p[1] for k, p in pairs.items()}
+    if op == "call_method":
+        fn = lambda: getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)  # noqa: E731
+    else:
+        fn = lambda: target(*fake_args, **fake_kwargs)  # noqa: E731
+    node, value = tx.output.create_node(op, target, tuple(node_args), node_kwargs, fn)
+    return wrap_result(tx, node, value, keep=keep or target in _INPLACE_KEEP)
+
+
+def wrap_result(tx: Translator, node: torch.fx.Node, value: Any, *, keep: bool = False) -> VT:
+    from kiln.capture.variables.containers import ListVT, TupleVT
+    if isinstance(value, torch.Tensor):
+        known = tx.output.known(value)
+        if known is not None:  # an in-place op returns its input object, as in eager
+            return known
+        vt = TensorVT(node, value)
+        tx.output.remember(value, vt)
+        return vt
+    if isinstance(value, (tuple, list)) and _has_tensor(value):
+        items = []
+        for i, item in enumerate(value):
+            if isinstance(item, torch.Tensor) or (isinstance(item, (tuple, list))
+                                                  and _has_tensor(item)):
+                sub = tx.output.graph.create_node("call_function", operator.getitem, (node, i))
+                sub.meta.update(val=item, **{k: v for k, v in node.meta.items()
+                                             if k in ("user_location", "stack_trace")})
+                items.append(wrap_result(tx, sub, item))
+            else:
+                items.append(ConstantVT(item))
+        if isinstance(value, list):
+            return ListVT(items)
+        return TupleVT(items, type(value))
+    if isinstance(value, torch.Tensor) or _has_tensor([value]):
+        unsupported("graph-result", f"unsupported result type {type(value).__name__}")
+    if not keep:
+        tx.output.graph.erase_node(node)
+    if isinstance(value, torch.Size):
+        return size_vt(value)
+    return ConstantVT(value)
+
+
+def _has_tensor(values: Any) -> bool:
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            return True
+        if isinstance(v, (tuple, list)) and _has_tensor(v):
+            return True
+    return False

@@ -1,0 +1,121 @@
+"""kiln configuration: one object, defaults here, environment overrides read at import.
+
+Use `kiln.config.config.<field>`; change values with `config.patch(**overrides)` (a context manager
+and a decorator), or assign an attribute. `config.reset()` re-reads defaults and the environment.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from typing import Any, Iterator
+
+__all__ = ["Config", "config"]
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+@dataclasses.dataclass
+class _Field:
+    default: Any
+    type: type
+    env: str | None
+    doc: str
+
+
+_FIELDS: dict[str, _Field] = {
+    "recompile_limit": _Field(8, int, "KILN_RECOMPILE_LIMIT",
+                              "cache entries per code object before warning once and running eagerly"),
+    "accumulated_recompile_limit": _Field(256, int, "KILN_ACCUMULATED_RECOMPILE_LIMIT",
+                                          "cache entries over all code objects"),
+    "debug_dir": _Field(None, str, "KILN_DEBUG_DIR", "dump one folder per compiled graph here"),
+    "logs": _Field("", str, "KILN_LOGS", "comma list of log artifacts (see kiln.logs)"),
+    "identity_transform": _Field(False, bool, "KILN_IDENTITY_TRANSFORM",
+                                 "decode, normalize and reassemble code; run it without capture"),
+    "verify": _Field(False, bool, "KILN_VERIFY", "compare compiled results with eager on first call"),
+    "suppress_errors": _Field(True, bool, "KILN_SUPPRESS_ERRORS",
+                              "internal compiler errors fall back to eager with a warning"),
+    "inline_inbuilt_nn_modules": _Field(True, bool, None, "trace into torch.nn modules"),
+    "default_backend": _Field("eager", str, "KILN_BACKEND", "backend used when none is given"),
+}
+
+
+def _parse(name: str, field: _Field, raw: str) -> Any:
+    from kiln.errors import KilnConfigError
+
+    if field.type is bool:
+        low = raw.strip().lower()
+        if low in _TRUE:
+            return True
+        if low in _FALSE:
+            return False
+        raise KilnConfigError(f"{field.env}={raw!r} is not a boolean (config.{name})",
+                              hint="use one of 1/0, true/false, yes/no")
+    if field.type is int:
+        try:
+            return int(raw.strip())
+        except ValueError:
+            raise KilnConfigError(f"{field.env}={raw!r} is not an integer (config.{name})",
+                                  hint=f"for example {field.env}={field.default}") from None
+    return raw
+
+
+class Config:
+    """The fixed set of kiln settings; see `_FIELDS` for names, defaults and environment variables."""
+
+    __slots__ = tuple(_FIELDS)
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Restore defaults, then apply the environment."""
+        for name, field in _FIELDS.items():
+            value = field.default
+            if field.env is not None and field.env in os.environ:
+                value = _parse(name, field, os.environ[field.env])
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in _FIELDS:
+            raise AttributeError(f"kiln.config has no setting {name!r}; "
+                                 f"valid names: {', '.join(sorted(_FIELDS))}")
+        object.__setattr__(self, name, value)
+
+    def __getattr__(self, name: str) -> Any:  # only reached for names not in __slots__
+        raise AttributeError(f"kiln.config has no setting {name!r}; "
+                             f"valid names: {', '.join(sorted(_FIELDS))}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in _FIELDS}
+
+    def patch(self, **overrides: Any) -> contextlib.AbstractContextManager[None]:
+        """Temporarily set values: `with config.patch(verify=True):` or `@config.patch(...)`."""
+        for name in overrides:
+            if name not in _FIELDS:
+                self.__setattr__(name, None)  # raises the AttributeError listing valid names
+        return _Patch(self, overrides)
+
+    def __repr__(self) -> str:
+        body = ", ".join(f"{k}={v!r}" for k, v in self.to_dict().items())
+        return f"kiln.config({body})"
+
+
+class _Patch(contextlib.ContextDecorator):
+    def __init__(self, cfg: Config, overrides: dict[str, Any]) -> None:
+        self.cfg, self.overrides = cfg, overrides
+        self.saved: list[dict[str, Any]] = []
+
+    def __enter__(self) -> None:
+        self.saved.append({name: getattr(self.cfg, name) for name in self.overrides})
+        for name, value in self.overrides.items():
+            setattr(self.cfg, name, value)
+
+    def __exit__(self, *exc: object) -> None:
+        for name, value in self.saved.pop().items():
+            setattr(self.cfg, name, value)
+
+
+config = Config()

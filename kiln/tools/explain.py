@@ -1,0 +1,106 @@
+"""`kiln.explain(fn)(*args, **kwargs)`: run `fn` once under kiln and report what capture did.
+
+The result has torch._dynamo's `ExplainOutput` field names plus guards with their source lines
+and recompile reasons. It is built from capture's records, never from log text.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import torch
+
+from kiln.capture import records
+from kiln.diagnostics import GuardRecord, RecompileReason, Unsupported
+
+__all__ = ["ExplainOutput", "explain"]
+
+
+@dataclasses.dataclass
+class ExplainOutput:
+    graphs: list[torch.fx.GraphModule]
+    graph_count: int
+    graph_break_count: int
+    break_reasons: list[Unsupported]
+    op_count: int
+    ops_per_graph: list[list[Any]]
+    out_guards: list[GuardRecord]
+    compile_times: dict[str, float]
+    recompile_reasons: list[RecompileReason] = dataclasses.field(default_factory=list)
+
+    @property
+    def guards(self) -> list[GuardRecord]:
+        return self.out_guards
+
+    def __str__(self) -> str:
+        lines = [f"Graph Count: {self.graph_count}",
+                 f"Graph Break Count: {self.graph_break_count}",
+                 f"Op Count: {self.op_count}"]
+        if self.break_reasons:
+            lines.append("Break Reasons:")
+            lines.extend(_indent(r.render()) for r in self.break_reasons)
+        for i, ops in enumerate(self.ops_per_graph):
+            lines.append(f"Ops per Graph ({i + 1}): {len(ops)}")
+            lines.extend(f"  {_op_name(op)}" for op in ops)
+        if self.recompile_reasons:
+            lines.append("Recompiles:")
+            lines.extend(_indent(r.render()) for r in self.recompile_reasons)
+        lines.append(f"Guards ({len(self.out_guards)}):")
+        lines.extend(_indent(g.render()) for g in self.out_guards)
+        times = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in self.compile_times.items())
+        lines.append(f"Compile Times: {times}")
+        return "\n".join(lines)
+
+
+def _indent(text: str) -> str:
+    return "\n".join("  " + line for line in text.splitlines())
+
+
+def _op_name(op: Any) -> str:
+    if isinstance(op, str):
+        return f"Tensor.{op}"
+    module = getattr(op, "__module__", "") or ""
+    name = getattr(op, "__qualname__", None) or getattr(op, "__name__", repr(op))
+    return f"{module}.{name}" if module else name
+
+
+def explain(fn: Callable, *extra_args: Any, **extra_kwargs: Any) -> Callable[..., ExplainOutput]:
+    """`kiln.explain(fn)(*args)`: compile a fresh copy of `fn` with the eager backend, call it once
+    and return what capture recorded."""
+    from kiln.api import compile as kiln_compile
+
+    def run(*args: Any, **kwargs: Any) -> ExplainOutput:
+        recorder = records.Recorder()
+        records.active_recorders().append(recorder)
+        try:
+            compiled = kiln_compile(fn, backend=_ExplainBackend())
+            compiled(*args, **kwargs)
+        finally:
+            records.active_recorders().remove(recorder)
+        return _summarize(recorder)
+
+    if extra_args or extra_kwargs:
+        return run(*extra_args, **extra_kwargs)
+    return run
+
+
+class _ExplainBackend:
+    """The eager backend under its own identity, so explain always captures afresh."""
+
+    __name__ = "explain"
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        return gm.forward
+
+
+def _summarize(recorder: records.Recorder) -> ExplainOutput:
+    graphs = [g.graph for g in recorder.graphs if g.graph is not None]
+    ops = [g.ops for g in recorder.graphs if g.graph is not None]
+    times: dict[str, float] = {}
+    for g in recorder.graphs:
+        for stage, seconds in g.compile_seconds.items():
+            times[stage] = times.get(stage, 0.0) + seconds
+    guards = [guard for g in recorder.graphs for guard in g.guards]
+    return ExplainOutput(graphs, len(graphs), len(recorder.breaks), list(recorder.breaks),
+                         sum(len(o) for o in ops), ops, guards, times,
+                         list(recorder.recompiles))

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Bootstrap (Python 3.11) and run kiln's demo: the seed's TransformerBlock captured by kiln, its
+# explain report and a per-call overhead table (GPU if present, else a small CPU size).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv_py="$(bash scripts/bootstrap.sh "${KILN_PYTHON:-}" | tail -1)"
+exec "$venv_py" -m kiln demo "$@"
