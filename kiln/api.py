@@ -99,6 +99,8 @@ def mark_static(tensor: Any, dim: int | None = None) -> None:
 def reset() -> None:
     """Forget every compiled entry, recorded warning and cached decode."""
     from kiln.capture.bytecode import clear_decode_cache
+    from kiln.capture.convert import reset_compiled_functions
     clear_caches()
     clear_decode_cache()
+    reset_compiled_functions()
     reset_warnings()

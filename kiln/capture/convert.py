@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import time
 import types
+import weakref
 from typing import Any, Callable
 
 import torch
@@ -30,7 +31,8 @@ from kiln.diagnostics import Unsupported as UnsupportedRecord
 from kiln.errors import BackendCompilerFailed, UnsupportedError
 from kiln.logs import artifact_enabled, artifact_logger, warn_once
 
-__all__ = ["CompiledFunction", "CompileSettings", "capture_function", "compile_function"]
+__all__ = ["CompiledFunction", "CompileSettings", "capture_function", "compile_function",
+           "reset_compiled_functions"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +53,12 @@ class CompiledFunction:
     def __init__(self, fn: types.FunctionType, settings: CompileSettings) -> None:
         self.fn = fn
         self.settings = settings
-        self.cache: CodeCache = cache_for(fn.__code__, settings.key())
+        self.reset()
+        _live.add(self)
+
+    def reset(self) -> None:
+        """Start over from the (possibly new) shared cache for this code."""
+        self.cache: CodeCache = cache_for(self.fn.__code__, self.settings.key())
         self.refresh()
 
     def refresh(self) -> None:
@@ -64,7 +71,7 @@ class CompiledFunction:
             return self.dispatch.__kiln_eager__
         if cache.version != self.version:  # another function object with this code compiled
             self.refresh()
-            return self._redispatch
+            return self.dispatch.__kiln_redispatch__
         namespace = {**self.dispatch.__kiln_namespace__, **dict(zip(cache.params, values))}
         entry = cache.revalidate(namespace)
         if entry is not None:
@@ -113,6 +120,15 @@ class CompiledFunction:
         self.cache.add(entry)
         self.refresh()
         return self.dispatch.__kiln_entries__[0]
+
+
+_live: weakref.WeakSet[CompiledFunction] = weakref.WeakSet()
+
+
+def reset_compiled_functions() -> None:
+    """After the caches were cleared: every live compiled function drops its entries."""
+    for compiled in list(_live):
+        compiled.reset()
 
 
 def to_record(err: Unsupported) -> UnsupportedRecord:

@@ -60,12 +60,12 @@ def classify(value: Any) -> str:
     from kiln.capture.variables.builtins import SPECIAL_FUNCTIONS
     if _hashable(value) and value in SPECIAL_FUNCTIONS:
         return "special"
+    if _is_builtin(value):
+        return "builtin"
     if isinstance(value, type):
         return "class"
     if isinstance(value, types.MethodType):
         return "method"
-    if _is_builtin(value):
-        return "builtin"
     module = getattr(value, "__module__", None) or ""
     if isinstance(value, types.FunctionType):
         if module.startswith("torch") and not module.startswith(_INLINE_TORCH_PREFIXES):
@@ -98,10 +98,12 @@ def why_unsupported(value: Any) -> str:
 def _is_builtin(value: Any) -> bool:
     if getattr(value, "__module__", None) in ("builtins",) and _hashable(value):
         return getattr(builtins, getattr(value, "__name__", ""), None) is value
-    if isinstance(value, types.BuiltinFunctionType) and getattr(value, "__self__", None) in \
-            _PURE_MODULES:
+    owner = getattr(value, "__self__", None)
+    if isinstance(value, types.BuiltinFunctionType) and owner in _PURE_MODULES:
         return True
-    return False
+    # methods of immutable constants: "a,b".split, (1, 2).index, torch.float32.to_real ...
+    return isinstance(value, types.BuiltinMethodType) and isinstance(
+        owner, (str, bytes, int, float, tuple, frozenset, torch.dtype, torch.device))
 
 
 def _hashable(value: Any) -> bool:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "Source", "Local", "Global", "Closure", "Attr", "DictAttr", "Param", "Buffer", "SubModule",
-    "Item", "ConstSource", "FnClosure",
+    "Item", "ConstSource", "FnClosure", "TypeAttr",
 ]
 
 
@@ -104,6 +104,22 @@ class Attr(Source):
 
     def name(self) -> str:
         return f"{self.base.name()}.{self.attr}"
+
+    def root(self) -> Source:
+        return self.base.root()
+
+
+@dataclass(frozen=True)
+class TypeAttr(Source):
+    """A class attribute read through an instance: `type(base).attr`."""
+    base: Source
+    attr: str
+
+    def expr(self) -> str:
+        return f"type({self.base.expr()}).{self.attr}"
+
+    def name(self) -> str:
+        return f"type({self.base.name()}).{self.attr}"
 
     def root(self) -> Source:
         return self.base.root()

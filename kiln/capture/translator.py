@@ -186,7 +186,7 @@ class Translator:
                         category="user-fixable")
         first = self.code.co_varnames[0]
         self_vt = self.cells[first].value if first in self.cells else self.load_local(first)
-        return SuperVT(box.value.as_constant(), self_vt)
+        return SuperVT(self.load_cell("__class__").as_constant(), self_vt)
 
     # -- provenance ------------------------------------------------------------------------------
     def location(self) -> UserLocation:

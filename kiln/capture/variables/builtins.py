@@ -48,6 +48,12 @@ class BuiltinVT(VT):
             result = handler(tx, args, kwargs)
             if result is not None:
                 return result
+        if self.fn is operator.getitem and len(args) == 2:
+            from kiln.capture.handlers_data import subscript
+            return subscript(tx, args[0], args[1])
+        if self.fn in _TENSOR_OPS and len(args) == 2 and not kwargs and self.fn not in (
+                operator.setitem,):
+            return binary_op(tx, self.fn, args[0], args[1])
         if self.fn in _TENSOR_OPS and any(isinstance(a, TensorVT) for a in args):
             return graph_call(tx, "call_function", self.fn, args, kwargs)
         constants = _all_constant(args, kwargs)
@@ -334,6 +340,14 @@ def _super(tx: Translator, args: Args, kwargs: Kwargs) -> VT | None:
     return tx.zero_arg_super()
 
 
+def _sorted(tx: Translator, args: Args, kwargs: Kwargs) -> VT | None:
+    items = iterate(tx, args[0]).unpack(tx)
+    consts = _all_constant(items, kwargs)
+    if consts is None:
+        return None
+    return _wrap_value(sorted(consts[0], **consts[1]))
+
+
 def _bool(tx: Translator, args: Args, kwargs: Kwargs) -> VT | None:
     return ConstantVT(args[0].truth(tx)) if args else ConstantVT(False)
 
@@ -349,7 +363,7 @@ _HANDLERS: dict[Any, Callable[[Translator, Args, Kwargs], VT | None]] = {
     enumerate: _enumerate, zip: _zip, reversed: _reversed, all: _all_any(False),
     any: _all_any(True), sum: _sum, min: _min_max(min), max: _min_max(max), abs: _abs,
     getattr: _getattr, hasattr: _hasattr, setattr: _setattr, slice: _slice, print: _print,
-    callable: _callable, super: _super, bool: _bool, id: _id,
+    callable: _callable, super: _super, bool: _bool, id: _id, sorted: _sorted,
 }
 
 

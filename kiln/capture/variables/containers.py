@@ -93,7 +93,7 @@ class TupleVT(_Sequence):
             return self.items[fields.index(name)]
         if name in ("count", "index", "__getitem__", "__len__", "__contains__", "numel"):
             return BoundBuiltinMethod(self, name)
-        if name == "_asdict" and fields:
+        if name in ("_asdict", "_replace") and fields:
             return BoundBuiltinMethod(self, name)
         return super().getattr(tx, name)
 
@@ -106,6 +106,12 @@ class TupleVT(_Sequence):
             return ConstantVT(self.as_constant().numel())
         if name == "_asdict":
             return DictVT(dict(zip(tuple_fields(self.cls), self.items)))
+        if name == "_replace":
+            fields = tuple_fields(self.cls)
+            items = list(self.items)
+            for key, value in kwargs.items():
+                items[fields.index(key)] = value
+            return TupleVT(items, self.cls)
         return super().call_method(tx, name, args, kwargs)
 
 
@@ -204,7 +210,7 @@ class DictVT(VT):
     def call_method(self, tx: Translator, name: str, args: list[VT],
                     kwargs: dict[str, VT]) -> VT:
         items = self.items
-        keys = [_constant_or_fail(a) for a in args[:1]]
+        keys = [_constant_or_fail(a) for a in args[:1]] if name not in ("update",) else []
         if name == "__getitem__":
             if keys[0] not in items:
                 unsupported("missing-key", f"key {keys[0]!r} not in dict", category="user-fixable")

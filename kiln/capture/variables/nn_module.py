@@ -8,16 +8,16 @@ Calling a module inlines its `forward` (and its hooks, through `call_module_with
 """
 from __future__ import annotations
 
-import types
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from kiln.capture.guards import Guard
 from kiln.capture.sources import Buffer, DictAttr, Param, Source, SubModule
 from kiln.capture.unsupported import unsupported
 from kiln.capture.variables.base import VT, ConstantVT
 from kiln.capture.variables.containers import ListVT, TupleVT
-from kiln.capture.variables.functions import BoundMethodVT, UserFunctionVT
+from kiln.capture.variables.functions import UserFunctionVT
 from kiln.capture.variables.objects import MISSING, ClassVT, _ObjectBase, lookup_class_attr
 
 if TYPE_CHECKING:
@@ -108,12 +108,17 @@ class ModuleVT(_ObjectBase):
 
     def call(self, tx: Translator, args: list[VT], kwargs: dict[str, VT]) -> VT:
         forward = self.getattr(tx, "forward")
+        if self.source is not None:
+            for name in _HOOK_DICTS:  # a hook added later must not be missed
+                tx.output.guards.add(Guard(
+                    f"bool({self.source.expr()}.__dict__[{name!r}])", "is",
+                    repr(bool(self.module.__dict__.get(name))),
+                    bool(self.module.__dict__.get(name)), f"{self.source.name()}.{name}",
+                    "hooks", module=True))
         if not module_has_hooks(self.module):
             return forward.call(tx, args, kwargs)
-        from kiln.capture.variables.builder import wrap_derived
         from kiln.capture.variables.containers import DictVT
         helper = UserFunctionVT(call_module_with_hooks)
-        hooks_dicts_guard(tx, self)
         return helper.call(tx, [self, forward, TupleVT(list(args)), DictVT(dict(kwargs))], {})
 
     def call_method(self, tx: Translator, name: str, args: list[VT],
@@ -167,14 +172,3 @@ def _dict_keys(self: ModuleVT, tx: Translator) -> VT:
 _CONTAINER_METHODS = {"items": _dict_items, "values": _dict_values, "keys": _dict_keys}
 
 
-def hooks_dicts_guard(tx: Translator, module_vt: ModuleVT) -> None:
-    """Hooks are read as values while inlining; their identity is covered by the module version
-    counter, which `register_*_hook` and handle removal bump."""
-    del tx, module_vt
-
-
-def bound_forward(module: torch.nn.Module) -> types.FunctionType:
-    return type(module).forward
-
-
-__all__ += ["BoundMethodVT"]

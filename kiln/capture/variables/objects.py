@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from kiln.capture import _compat
-from kiln.capture.sources import Attr, Source
+from kiln.capture.sources import Attr, Source, TypeAttr
 from kiln.capture.unsupported import unsupported
 from kiln.capture.variables.base import VT, ConstantVT
 from kiln.capture.variables.containers import TupleVT, is_namedtuple_class
@@ -57,6 +57,11 @@ def _is_library(module: types.ModuleType) -> bool:
     return name in ("torch", "kiln", "math", "operator", "builtins", "functools", "typing",
                     "collections", "dataclasses", "numbers", "enum", "warnings") or (
         name in sys.stdlib_module_names)
+
+
+def _is_library_class(cls: type) -> bool:
+    from kiln.capture.rules import is_library_module
+    return is_library_module(getattr(cls, "__module__", "") or "")
 
 
 def lookup_class_attr(cls: type, name: str) -> Any:
@@ -161,6 +166,9 @@ class _ObjectBase(VT):
             return BoundMethodVT(UserFunctionVT(attr.__func__), ClassVT(self.cls))
         if hasattr(attr, "__get__") and not isinstance(attr, (int, float, str, tuple, type)):
             unsupported("descriptor", f"descriptor {name!r} of {self.cls.__qualname__}")
+        if self.source is not None and not _is_library_class(self.cls):
+            from kiln.capture.variables.builder import wrap
+            return wrap(tx, getattr(self.cls, name), TypeAttr(self.source, name))
         return wrap_derived(tx, attr)
 
 
@@ -190,6 +198,8 @@ class UserObjectVT(_ObjectBase):
             value = instance_dict[name]
             return wrap(tx, value, Attr(self.source, name)) if self.source else \
                 wrap_derived(tx, value)
+        if self.source is not None and hasattr(self.value, "__dict__"):
+            tx.output.guards.not_in_dict(self.source, name, module=False)
         found = self.class_attr(tx, name)
         if found is not None:
             return found
