@@ -115,6 +115,35 @@ def _graph_summary(fn: Callable, args: tuple) -> dict:
         return {"graphs": None, "breaks": None, "error": f"{type(e).__name__}: {e}"[:300]}
 
 
+class GraphRecorder:
+    """A backend identical to "eager" that keeps the graph and its (real) example inputs, so the
+    graph alone can be timed: compiled call − graph call = the wrapper's own cost (guards,
+    dispatch, argument lifting)."""
+
+    def __init__(self) -> None:
+        self.graphs: list[tuple[Any, list]] = []
+
+    def __call__(self, gm, example_inputs):
+        self.graphs.append((gm, list(example_inputs)))
+        return gm.forward
+
+    def graph_call(self) -> Callable[[], Any] | None:
+        if len(self.graphs) != 1:
+            return None
+        gm, inputs = self.graphs[0]
+        forward = gm.forward  # what the "eager" backend hands back
+        return lambda: forward(*inputs)
+
+
+def _recorded_graph(compile_fn: Callable, eager_fn: Callable, args: tuple):
+    recorder = GraphRecorder()
+    try:
+        compile_fn(eager_fn, backend=recorder)(*args)
+    except Exception:
+        return None
+    return recorder.graph_call()
+
+
 def bench_case(name: str, eager_fn: Callable, make_args: Callable[[], tuple], device: str,
                iters: int, repeat: int, no_grad: bool) -> dict:
     args = make_args()
@@ -141,13 +170,26 @@ def bench_case(name: str, eager_fn: Callable, make_args: Callable[[], tuple], de
                 timed[label] = lambda fn=fn: fn(*args)
             except Exception as e:
                 row[label] = {"error": f"{type(e).__name__}: {e}"[:300]}
+        for label, compile_fn in (("kiln_graph", kiln.compile), ("torch_graph", torch.compile)):
+            graph = _recorded_graph(compile_fn, eager_fn, args)
+            if graph is not None:
+                timed[label] = graph
         row.update(time_per_call_us(timed, device, iters, repeat))
-    base = row["eager"].get("median_us")
+    # overhead from medians (the headline) and from minima (robust to load from other processes)
+    for stat, suffix in (("median_us", ""), ("min_us", "_min")):
+        base = row["eager"].get(stat)
+        for label in ("kiln", "torch"):
+            t = row.get(label, {}).get(stat)
+            row[f"{label}_overhead_us{suffix}"] = None if t is None or base is None else t - base
+        k, t = row.get(f"kiln_overhead_us{suffix}"), row.get(f"torch_overhead_us{suffix}")
+        row[f"kiln_over_torch_overhead{suffix}"] = None if k is None or not t else k / t
+    # the wrapper alone: compiled call minus a direct call of the same captured graph
     for label in ("kiln", "torch"):
         t = row.get(label, {}).get("median_us")
-        row[f"{label}_overhead_us"] = None if t is None or base is None else t - base
-    k, t = row.get("kiln_overhead_us"), row.get("torch_overhead_us")
-    row["kiln_over_torch_overhead"] = None if k is None or not t else k / t
+        g = row.get(f"{label}_graph", {}).get("median_us")
+        row[f"{label}_wrapper_us"] = None if t is None or g is None else t - g
+    k, t = row.get("kiln_wrapper_us"), row.get("torch_wrapper_us")
+    row["kiln_over_torch_wrapper"] = None if k is None or not t else k / t
     return row
 
 
@@ -204,8 +246,8 @@ def _fmt(v: Any, spec: str = ".2f") -> str:
 def markdown(rows: list[dict], first: dict) -> str:
     lines = [
         "| case | kiln graphs/breaks | eager µs | kiln µs | torch.compile µs "
-        "| kiln overhead µs | torch overhead µs | kiln/torch overhead |",
-        "|---|---|---|---|---|---|---|---|",
+        "| kiln overhead µs | torch overhead µs | kiln/torch overhead | same, from minima |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         cap = r["kiln_capture"]
@@ -213,7 +255,24 @@ def markdown(rows: list[dict], first: dict) -> str:
             f"| {r['case']} | {cap.get('graphs', '—')}/{cap.get('breaks', '—')} "
             f"| {_fmt(r['eager'].get('median_us'))} | {_fmt(r.get('kiln', {}).get('median_us'))} "
             f"| {_fmt(r['torch'].get('median_us'))} | {_fmt(r.get('kiln_overhead_us'))} "
-            f"| {_fmt(r.get('torch_overhead_us'))} | {_fmt(r.get('kiln_over_torch_overhead'))} |")
+            f"| {_fmt(r.get('torch_overhead_us'))} | {_fmt(r.get('kiln_over_torch_overhead'))} "
+            f"| {_fmt(r.get('kiln_overhead_us_min'))} / {_fmt(r.get('torch_overhead_us_min'))} "
+            f"= {_fmt(r.get('kiln_over_torch_overhead_min'))} |")
+    lines += [
+        "",
+        "Wrapper cost alone (compiled call − direct call of the same captured graph; the graph "
+        "can be faster than eager because it skips eager's Python, e.g. module __call__):",
+        "",
+        "| case | kiln graph µs | kiln wrapper µs | torch graph µs | torch wrapper µs "
+        "| kiln/torch wrapper |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['case']} | {_fmt(r.get('kiln_graph', {}).get('median_us'))} "
+            f"| {_fmt(r.get('kiln_wrapper_us'))} "
+            f"| {_fmt(r.get('torch_graph', {}).get('median_us'))} "
+            f"| {_fmt(r.get('torch_wrapper_us'))} | {_fmt(r.get('kiln_over_torch_wrapper'))} |")
     for r in rows:
         for label in ("kiln", "torch"):
             if "error" in r.get(label, {}):
@@ -256,10 +315,15 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--json", default=os.path.join(ROOT, "benchmarks", "out", "overhead.json"))
     p.add_argument("--capture-batch", type=int, default=None,
                    help="batch of the full-width first-call case (default: 32 on CUDA, 2 on CPU)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default 1 on CPU: per-call overhead is Python time, "
+                        "and one thread keeps other processes' load from stalling the kernels)")
     p.add_argument("--skip-first-call", action="store_true")
     args = p.parse_args(argv)
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    threads = args.threads or (1 if device == "cpu" else torch.get_num_threads())
+    torch.set_num_threads(threads)
     torch.manual_seed(0)
     block = TransformerBlock(64, 4).to(device).eval()
     cases = [
@@ -279,13 +343,14 @@ def main(argv: list[str] | None = None) -> dict:
         "torch": torch.__version__,
         "python": platform.python_version(),
         "commit": _commit(),
+        "threads": threads,
         "iters": args.iters,
         "repeat": args.repeat,
         "overhead": rows,
         "first_call": first,
     }
     print(f"# capture overhead — {result['device']}, torch {result['torch']}, "
-          f"Python {result['python']}, commit {result['commit']}\n")
+          f"Python {result['python']}, commit {result['commit']}, {threads} CPU thread(s)\n")
     print(markdown(rows, first))
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as f:

@@ -4,4 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv_py="$(bash scripts/bootstrap.sh "${KILN_PYTHON:-}" | tail -1)"
-exec "$venv_py" -m kiln demo "$@"
+"$venv_py" -m kiln demo "$@"
+echo "== per-call overhead: eager vs kiln vs torch.compile (backend=eager), same run =="
+exec "$venv_py" benchmarks/overhead.py

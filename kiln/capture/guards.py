@@ -41,12 +41,14 @@ class Guard:
     kind: str
     module: bool = False
     location: UserLocation | None = None
+    display: str | None = None  # how the whole guard reads to the user, when `user op expected` won't
 
     def source(self) -> str:
         return f"{self.value} {self.op} {self.expected_src}"
 
     def record(self) -> GuardRecord:
-        return GuardRecord(f"{self.user} {self.op} {_show(self.expected)}", self.kind, self.location)
+        text = self.display or f"{self.user} {self.op} {_show(self.expected)}"
+        return GuardRecord(text, self.kind, self.location)
 
     def failure(self, namespace: dict[str, Any]) -> GuardFailure | None:
         """None if the guard holds in `namespace`, else what differs."""
@@ -163,9 +165,9 @@ class GuardSet:
                   "dict keys", module=module, location=location)
 
     def not_in_dict(self, source: Source, attr: str, *, module: bool = True) -> None:
-        self._add(repr(attr), "not in", _IdentityOf(f"{source.name()}.__dict__"),
-                  f"{attr!r} in {source.name()}.__dict__", "no shadowing", module=module,
-                  location=None, expected_src=f"{source.expr()}.__dict__")
+        self.add(Guard(f"({attr!r} in {source.expr()}.__dict__)", "is", "False", False,
+                       f"{attr!r} in {source.name()}.__dict__", "no shadowing", module, None,
+                       display=f"{attr!r} not in {source.name()}.__dict__"))
 
     def tensor_match(self, source: Source, value: torch.Tensor, *, module: bool = False,
                      location: UserLocation | None = None) -> None:

@@ -18,7 +18,7 @@ if sys.version_info[:2] >= (3, 13):
 import torch.nn as nn  # noqa: E402
 
 from kiln.capture.bytecode import decode, identity_code, identity_transform  # noqa: E402
-from test_bytecode import _all_codes, exn_table, shape  # noqa: E402
+from test_bytecode_roundtrip import _all_codes, exn_table, shape  # noqa: E402
 
 
 def _nn_module_functions() -> list[types.FunctionType]:

@@ -3,46 +3,49 @@
 The symbolic interpreter sees ONLY the forms in this table; version differences beyond it are
 noted as such. `dis` argval/argrepr are reused where they already are the canonical value.
 
-| # | Real bytecode (3.11 / 3.12)                      | Canonical Instr                               |
-|---|--------------------------------------------------|-----------------------------------------------|
-| 1 | 3.11 `[KW_NAMES k] PRECALL n; CALL n`,           | one `CALL`, arg=n, argval=(n, kwnames tuple). |
-|   | 3.12 `[KW_NAMES k] CALL n`                       | Stack: [A, B, arg1..argn]; A is NULL ->       |
-|   |                                                  | callable=B, no self; else callable=A, self=B. |
-|   | `CALL_FUNCTION_EX flags`                         | unchanged, argval = flags int                 |
-| 2 | 3.11 `LOAD_METHOD name`; 3.12 `LOAD_ATTR` bit 0  | `LOAD_ATTR` argval=name, method=True: pushes  |
-|   |                                                  | [meth, self] or [NULL, attr]                  |
-|   | plain `LOAD_ATTR`                                | `LOAD_ATTR` argval=name, method=False         |
-| 3 | `LOAD_GLOBAL` (low bit = push NULL)              | argval=name, push_null=bit (NULL goes BELOW   |
-|   |                                                  | the global)                                   |
-| 4 | 3.12 `LOAD_SUPER_ATTR`                           | argval=name, method=bit 0, arg=raw oparg      |
-|   |                                                  | (bit 1 = two-arg form); 3.11 zero-arg super() |
-|   |                                                  | stays a plain call                            |
-| 5 | JUMP_FORWARD/JUMP_BACKWARD[_NO_INTERRUPT]        | `JUMP` (target set, no direction)             |
-|   | POP_JUMP_{FORWARD,BACKWARD}_IF_X (3.11),         | `POP_JUMP_IF_X`, X in TRUE FALSE NONE         |
-|   | POP_JUMP_IF_X (3.12)                             | NOT_NONE                                      |
-|   | JUMP_IF_{TRUE,FALSE}_OR_POP (3.11 only)          | same names, target set                        |
-|   | FOR_ITER (3.12: `... END_FOR` at the target)     | `FOR_ITER`: when exhausted, pops the iterator |
-|   |                                                  | and goes to target = first instr AFTER the    |
-|   |                                                  | loop; END_FOR is removed                      |
-|   | SEND                                             | `SEND` with target as dis gives it (3.11: the |
-|   |                                                  | instr after the loop, 3.12: END_SEND)         |
-| 6 | 3.12 `RETURN_CONST c`                            | `LOAD_CONST c` + `RETURN_VALUE`               |
-| 7 | 3.12 `BINARY_SLICE` / `STORE_SLICE`              | `BUILD_SLICE 2` + `BINARY_SUBSCR`/`STORE_SUBSCR` |
-| 8 | `COMPARE_OP` (3.12: cmp_op[arg >> 4])            | argval = '<', '<=', '==', '!=', '>', '>='     |
-| 9 | `BINARY_OP i`                                    | argval = dis argrepr ('+', '+=', '@', '//='), |
-|   |                                                  | arg = i                                       |
-|10 | 3.12 `CALL_INTRINSIC_1/2 i`; 3.11 `LIST_TO_TUPLE`,| `CALL_INTRINSIC_1` argval='INTRINSIC_...'     |
-|   | `UNARY_POSITIVE`                                 | (dis argrepr); same for CALL_INTRINSIC_2      |
-|11 | `FORMAT_VALUE flags`                             | argval = (None|'str'|'repr'|'ascii', has_spec)|
-|12 | CACHE, EXTENDED_ARG, PRECALL, KW_NAMES, END_FOR  | removed                                       |
-|   | everything else (NOP, RESUME, MAKE_CELL,         | unchanged, dis argval (names for LOAD_FAST*,  |
-|   | COPY_FREE_VARS, LOAD_FAST*, *_DEREF, ...)        | STORE_FAST*, LOAD/STORE_DEREF, LOAD_CLOSURE)  |
-|13 | jump / handler targets on a removed instruction  | redirected to the next kept instruction       |
-|   | exception table                                  | `ExnEntry` objects; each Instr's `.exn` = the |
-|   |                                                  | (flat, so innermost) covering entry           |
-|   | line numbers                                     | every Instr has `lineno` (positions.lineno,   |
-|   |                                                  | else the previous instruction's); `positions` |
-|   |                                                  | kept as is                                    |
+Rule  real bytecode (3.11 / 3.12)                     -> canonical Instr
+  1   3.11 `[KW_NAMES k] PRECALL n; CALL n`,          -> one `CALL`, arg=n, argval=(n, kwnames).
+      3.12 `[KW_NAMES k] CALL n`                         Stack [A, B, arg1..argn]: A is NULL ->
+                                                         callable=B, no self; else callable=A,
+                                                         self=B. `CALL_FUNCTION_EX` unchanged.
+  2   3.11 `LOAD_METHOD name`, 3.12 `LOAD_ATTR` bit 0 -> `LOAD_ATTR` argval=name, method=True:
+                                                         pushes [meth, self] or [NULL, attr];
+                                                         plain loads have method=False
+  3   `LOAD_GLOBAL` (low bit: push NULL)              -> argval=name, push_null=bit (the NULL
+                                                         goes BELOW the global)
+  4   3.12 `LOAD_SUPER_ATTR`                          -> argval=name, method=bit 0, arg=raw
+                                                         (bit 1 = two-arg form); 3.11 zero-arg
+                                                         super() stays a plain call
+  5   JUMP_FORWARD, JUMP_BACKWARD[_NO_INTERRUPT]      -> `JUMP` (target set, no direction)
+      POP_JUMP_{FORWARD,BACKWARD}_IF_X (3.11),        -> `POP_JUMP_IF_X`, X in TRUE FALSE NONE
+      POP_JUMP_IF_X (3.12)                               NOT_NONE
+      JUMP_IF_{TRUE,FALSE}_OR_POP (3.11 only)         -> same names, target set
+      FOR_ITER (3.12: END_FOR at the target)          -> `FOR_ITER`: when exhausted pops the
+                                                         iterator and goes to target = the first
+                                                         instr AFTER the loop; END_FOR removed
+      SEND                                            -> `SEND`, target as dis gives it (3.11:
+                                                         the instr after the loop, 3.12: END_SEND)
+  6   3.12 `RETURN_CONST c`                           -> `LOAD_CONST c` + `RETURN_VALUE`
+  7   3.12 `BINARY_SLICE` / `STORE_SLICE`             -> `BUILD_SLICE 2` + `BINARY_SUBSCR` /
+                                                         `STORE_SUBSCR`
+  8   `COMPARE_OP` (3.12: cmp_op[arg >> 4])           -> argval '<' '<=' '==' '!=' '>' '>='
+  9   `BINARY_OP i`                                   -> argval = dis argrepr ('+', '+=', '@',
+                                                         '//='), arg = i
+ 10   3.12 `CALL_INTRINSIC_1/2 i`; 3.11               -> `CALL_INTRINSIC_1` argval='INTRINSIC_..'
+      `LIST_TO_TUPLE`, `UNARY_POSITIVE`                  (dis argrepr; likewise _2 on 3.12)
+ 11   `FORMAT_VALUE flags`                            -> argval = (None|'str'|'repr'|'ascii',
+                                                         has_spec)
+ 12   CACHE, EXTENDED_ARG, PRECALL, KW_NAMES, END_FOR -> removed
+      everything else (NOP, RESUME, MAKE_CELL,        -> unchanged with dis argval (names for
+      COPY_FREE_VARS, LOAD_FAST*, *_DEREF, ...)          LOAD_FAST*, STORE_FAST*, *_DEREF,
+                                                         LOAD_CLOSURE)
+ 13   jump/handler target on a removed instruction    -> the next kept instruction
+      exception table                                 -> `ExnEntry` objects; each Instr's `.exn`
+                                                         = the covering entry (the table is
+                                                         flat, so also the innermost)
+      line numbers                                    -> every Instr has `lineno` (positions
+                                                         .lineno, else the previous Instr's);
+                                                         `positions` kept as is
 
 Split instructions (rules 6 and 7): the first half keeps the original `offset`, the second half
 has offset None; both carry the original positions and exception entry.

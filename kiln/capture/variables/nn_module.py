@@ -113,7 +113,7 @@ class ModuleVT(_ObjectBase):
                 tx.output.guards.add(Guard(
                     f"bool({self.source.expr()}.__dict__[{name!r}])", "is",
                     repr(bool(self.module.__dict__.get(name))),
-                    bool(self.module.__dict__.get(name)), f"{self.source.name()}.{name}",
+                    bool(self.module.__dict__.get(name)), f"bool({self.source.name()}.{name})",
                     "hooks", module=True))
         if not module_has_hooks(self.module):
             return forward.call(tx, args, kwargs)
