@@ -83,12 +83,17 @@ class CodeCache:
         return None
 
 
-_caches: weakref.WeakKeyDictionary[types.CodeType, dict[Any, CodeCache]] = \
-    weakref.WeakKeyDictionary()
+# Keyed by code object *identity*: equal code objects (two identical nested functions) must not
+# share entries, since their globals and closures differ.
+_caches: dict[int, tuple[weakref.ref, dict[Any, CodeCache]]] = {}
 
 
 def cache_for(code: types.CodeType, key: Any) -> CodeCache:
-    per_code = _caches.setdefault(code, {})
+    slot = _caches.get(id(code))
+    if slot is None or slot[0]() is not code:
+        code_id = id(code)
+        slot = _caches[code_id] = (weakref.ref(code, lambda _: _caches.pop(code_id, None)), {})
+    per_code = slot[1]
     if key not in per_code:
         per_code[key] = CodeCache(code)
     return per_code[key]

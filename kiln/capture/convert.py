@@ -211,6 +211,9 @@ def _log_entry(code: types.CodeType, entry_code: Any, guards: list) -> None:
 
 
 def compile_function(fn: types.FunctionType, settings: CompileSettings) -> Callable:
+    if config.identity_transform:  # debug mode: decode -> normalize -> assemble, no capture
+        from kiln.capture.bytecode import identity_transform
+        return identity_transform(fn)
     compiled = CompiledFunction(fn, settings)
 
     @functools.wraps(fn)

@@ -11,6 +11,7 @@ integer instead of every attribute.
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from typing import Any
 
 import torch
@@ -90,7 +91,7 @@ class Constants:
 
     def __init__(self) -> None:
         self.values: list[Any] = []
-        self._index: dict[int, int] = {}
+        self._index: dict[Any, int] = {}
 
     def index(self, value: Any) -> int:
         key = id(value)
@@ -100,7 +101,17 @@ class Constants:
         return self._index[key]
 
     def ref(self, value: Any) -> str:
+        """Modules are held weakly, so a cache never keeps a user's model alive."""
+        if isinstance(value, torch.nn.Module):
+            return f"__k{self.index_weak(value)}()"
         return f"__k{self.index(value)}"
+
+    def index_weak(self, value: Any) -> int:
+        key = ("weak", id(value))
+        if key not in self._index or self.values[self._index[key]]() is not value:
+            self._index[key] = len(self.values)
+            self.values.append(weakref.ref(value))
+        return self._index[key]
 
     def literal_or_ref(self, value: Any) -> str:
         if isinstance(value, _LITERAL_TYPES) or (isinstance(value, float) and value == value

@@ -185,3 +185,10 @@ def test_fullgraph_on_supported_code_compiles_one_graph():
     out = kiln.compile(simple, backend=backend, fullgraph=True)(alpha, beta)
     assert_same_structure_and_values(simple(alpha, beta), out)
     assert backend.count == 1
+
+
+def test_explain_with_keyword_arguments():
+    out = kiln.explain(simple)(torch.randn(4, 5), beta=torch.randn(4, 5))
+    assert out.graph_count == 1
+    assert out.op_count == 3
+    assert any("beta" in g.expr for g in out.out_guards)

@@ -377,3 +377,60 @@ def test_allow_in_graph_keeps_the_function_as_one_node():
     assert "my_op" in names, names
     assert not any(n in ("relu", "sin") for n in names), names
     assert len(call_nodes(backend.gm)) == 2
+
+
+# --- ambient state, dtype, kwargs, lifetime -------------------------------------------------------
+
+def test_grad_mode_switch_on_an_eval_module_never_stale():
+    # eval + no_grad takes MultiheadAttention's fast path, eval + grad does not: two entries
+    model = _block().eval()
+    ref = copy.deepcopy(model)
+    backend = CountingBackend()
+    compiled = kiln.compile(model, backend=backend)
+    x = torch.randn(2, 8, 32)
+    with torch.no_grad():
+        assert_same_structure_and_values(ref(x), compiled(x))
+    out = compiled(x)
+    assert out.requires_grad
+    assert_same_structure_and_values(ref(x), out)
+    assert backend.count == 2
+    with torch.no_grad():
+        assert_same_structure_and_values(ref(x), compiled(x))
+    assert backend.count == 2
+
+
+def test_module_converted_to_double_after_compile():
+    model = _block().eval()
+    compiled = kiln.compile(model, backend="eager")
+    x = torch.randn(2, 8, 32)
+    with torch.no_grad():
+        compiled(x)
+        compiled.double()
+        assert model.norm1.weight.dtype is torch.float64
+        xd = x.double()
+        out = compiled(xd)
+        assert out.dtype is torch.float64
+        assert_same_structure_and_values(model(xd), out)
+
+
+def test_module_called_with_keyword_argument():
+    model = _block()
+    compiled = kiln.compile(model, backend="eager")
+    x = torch.randn(2, 8, 32)
+    with torch.no_grad():
+        assert_same_structure_and_values(model(x), compiled(x=x))
+        assert_same_structure_and_values(model(x), compiled(x))
+
+
+def test_deleting_the_module_frees_it():
+    import gc
+    import weakref
+
+    model = _block()
+    compiled = kiln.compile(model, backend=CountingBackend())
+    with torch.no_grad():
+        compiled(torch.randn(2, 8, 32))
+    alive = weakref.ref(model)
+    del model, compiled
+    gc.collect()
+    assert alive() is None, "kiln's caches keep a compiled module alive"
