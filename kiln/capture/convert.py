@@ -218,6 +218,10 @@ def compile_function(fn: types.FunctionType, settings: CompileSettings) -> Calla
 
     @functools.wraps(fn)
     def kiln_compiled(*args: Any, **kwargs: Any) -> Any:
+        dispatch = compiled.dispatch
+        if dispatch.__defaults__ is not fn.__defaults__ or \
+                dispatch.__kwdefaults__ is not fn.__kwdefaults__:
+            compiled.refresh()  # the user changed the defaults: bind the new ones
         return compiled.dispatch(*args, **kwargs)
 
     kiln_compiled._kiln_compiled = compiled  # type: ignore[attr-defined]

@@ -47,6 +47,7 @@ class OutputGraph:
         self.open_contexts: list[Any] = []  # autocast modes entered by traced code, not yet left
         self.pending_globals: dict[tuple[int, str], Any] = {}
         self.current_tx: Any = None
+        self.wrapped: dict[Source, Any] = {}  # one tracker per source read during the trace
 
     # -- inputs --------------------------------------------------------------------------------
     def input_for(self, value: torch.Tensor, source: Source, python_type: type) -> TensorVT:

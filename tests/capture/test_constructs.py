@@ -751,3 +751,172 @@ def test_generator_function_runs_natively(counting_backend):
     out = compiled(x, 3)
     assert_same(list(gen(x, 3)), list(out))
     assert counting_backend.count == 0
+
+
+# --- more constructs ----------------------------------------------------------------------------
+
+def _double(t):
+    return t * 2
+
+
+relu_alias = F.relu   # a module-level alias of a torch function
+
+
+@pytest.mark.xfail(strict=True, reason='functools.partial objects are not captured yet (the function runs eagerly)')
+def test_functools_partial_and_global_alias(check_capture):
+    import functools
+
+    scale = functools.partial(torch.mul, other=3.0)
+    add_k = functools.partial(_helper, b=0.5)
+
+    def fn(x):
+        return scale(x), add_k(x), relu_alias(x), _double(x)
+
+    check_capture(fn, torch.randn(4))
+
+
+@pytest.mark.xfail(strict=True, reason='@torch.no_grad()-decorated helpers are not captured yet (the function runs eagerly)')
+def test_no_grad_decorated_helper(check_capture):
+    @torch.no_grad()
+    def frozen(t):
+        return t * 2
+
+    def fn(x):
+        return frozen(x), x * 3
+
+    a, b = check_capture(fn, torch.randn(3, requires_grad=True))
+    assert not a.requires_grad and b.requires_grad
+
+
+def test_shape_unpacking_and_python_number_conversions(check_capture):
+    def fn(x):
+        b, n = x.shape
+        half = int(n / 2)
+        q, r = divmod(n, 3)
+        f = float(b) + round(2.6) + int(True)
+        return x[:, :half] * f, half, q, r, f, bool(n), str(b)
+
+    check_capture(fn, torch.randn(3, 8))
+
+
+def test_iterate_over_tensor_rows_and_reversed(check_capture):
+    def fn(x):
+        acc = x[0] * 0
+        for row in x:
+            acc = acc + row
+        out = []
+        for i in reversed(range(x.shape[0])):
+            out.append(x[i] * i)
+        return acc, out, sorted([3, 1, 2], reverse=True)
+
+    check_capture(fn, torch.randn(3, 4))
+
+
+def test_while_loop_on_python_counter(check_capture):
+    def fn(x, n):
+        i = 0
+        while i < n:
+            x = x * 1.5 + i
+            i += 1
+        return x, i
+
+    check_capture(fn, torch.randn(3), 4)
+
+
+def test_try_except_without_exception(check_capture):
+    def fn(x, d):
+        try:
+            y = x * d["a"]
+        except KeyError:
+            y = x
+        finally:
+            z = x + 1
+        return y, z
+
+    check_capture(fn, torch.randn(3), {"a": 2.0})
+
+
+def test_dict_methods_and_membership(check_capture):
+    def fn(x, d):
+        out = x * d.get("scale", 1.0) + d.get("missing", 0.5)
+        if "bias" in d and "nope" not in d:
+            out = out + d["bias"]
+        keys = list(d.keys())
+        vals = [v for v in d.values() if isinstance(v, float)]
+        return out, keys, vals, [k for k, _ in d.items()]
+
+    check_capture(fn, torch.randn(3), {"scale": 2.0, "bias": torch.randn(3)})
+
+
+def test_list_operations_on_python_values(check_capture):
+    def fn(xs, ns):
+        idx = ns.index(3)
+        picked = xs[-1] + xs[idx]
+        both = ns + [7] * 2
+        return picked, both, ns[1:], 3 in ns, ns.count(1), xs[::-1]
+
+    check_capture(fn, [torch.randn(2) for _ in range(4)], [1, 3, 1, 5])
+
+
+@pytest.mark.xfail(strict=True, reason='torch.finfo attributes are not captured yet (the function runs eagerly)')
+def test_constant_tensors_and_dtype_device_kwargs(check_capture):
+    def fn(x, mask):
+        c = torch.tensor([1.0, 2.0, 3.0])
+        ones = torch.ones(3, dtype=x.dtype, device=x.device)
+        filled = x.masked_fill(mask, float("-inf"))
+        eps = torch.finfo(x.dtype).eps
+        return x * c + ones, filled.softmax(-1), eps, torch.tensor(5) + x.long()
+
+    check_capture(fn, torch.randn(3), torch.tensor([True, False, False]))
+
+
+def test_unbound_tensor_method_and_getattr_on_module(check_capture):
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            for i in range(2):
+                setattr(self, f"layer{i}", nn.Linear(3, 3))
+            self.register_buffer("offset", torch.randn(3))
+
+        def forward(self, x, **kwargs):
+            for i in range(2):
+                x = getattr(self, f"layer{i}")(x)
+            return torch.Tensor.add(x, self.offset) * kwargs.get("scale", 1.0)
+
+    check_capture(M(), torch.randn(2, 3), scale=2.0)
+
+
+def _recursive_sum(xs, i=0):
+    if i == len(xs):
+        return 0
+    return xs[i] * (i + 1) + _recursive_sum(xs, i + 1)
+
+
+def test_recursive_helper_is_inlined(check_capture):
+    def fn(xs):
+        return _recursive_sum(xs)
+
+    check_capture(fn, [torch.randn(3) for _ in range(3)])
+
+
+@pytest.mark.xfail(strict=True, reason='user-defined context managers are not captured yet (the function runs eagerly)')
+def test_user_context_manager_without_break(check_capture):
+    class Scale:
+        def __init__(self, box):
+            self.box = box
+
+        def __enter__(self):
+            self.box.append(2.0)
+            return self
+
+        def __exit__(self, *exc):
+            self.box.pop()
+            return False
+
+    def fn(x):
+        box = [1.0]
+        with Scale(box) as s:
+            y = x * box[-1] * len(s.box)
+        return y, len(box)
+
+    check_capture(fn, torch.randn(3))

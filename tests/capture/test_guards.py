@@ -652,3 +652,212 @@ def test_input_mutated_between_calls_uses_new_values(counting_backend):
     x.mul_(3)
     _run(c, _linear_fn, x)
     assert counting_backend.count == 1
+
+
+# --- more adversarial cases -------------------------------------------------------------------------
+
+G_ACT = torch.relu
+
+
+class _GlobalCfg:
+    flag = True
+
+
+G_CFG = _GlobalCfg()
+
+
+def _uses_global_fn(x):
+    return G_ACT(x) * 2
+
+
+def _uses_global_cfg(x):
+    return x * 2 if G_CFG.flag else x - 2
+
+
+def test_global_torch_function_replaced(counting_backend):
+    global G_ACT
+    c = _compile(_uses_global_fn, counting_backend)
+    x = torch.randn(4)
+    try:
+        _run(c, _uses_global_fn, x)
+        assert counting_backend.count == 1
+        G_ACT = torch.tanh
+        _run(c, _uses_global_fn, x)
+        G_ACT = torch.relu
+        _run(c, _uses_global_fn, x)
+    finally:
+        G_ACT = torch.relu
+
+
+def test_global_object_attribute_changed(counting_backend):
+    c = _compile(_uses_global_cfg, counting_backend)
+    x = torch.randn(4)
+    try:
+        _run(c, _uses_global_cfg, x)
+        assert counting_backend.count == 1
+        G_CFG.flag = False
+        _run(c, _uses_global_cfg, x)
+        G_CFG.flag = True
+        _run(c, _uses_global_cfg, x)
+    finally:
+        G_CFG.flag = True
+
+
+def test_torch_function_module_attribute_replaced(counting_backend):
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.act_fn = torch.relu
+
+        def forward(self, x):
+            return self.act_fn(x) + 1
+
+    m = M()
+    c = _compile(m, counting_backend)
+    x = torch.randn(4)
+    _run(c, m, x)
+    assert counting_backend.count == 1
+    m.act_fn = torch.tanh
+    _run(c, m, x)
+
+
+def test_aliased_inputs(counting_backend):
+    def fn(x, y):
+        x.add_(1)
+        return y * 2
+
+    c = _compile(fn, counting_backend)
+    a, b = torch.randn(3), torch.randn(3)
+    a_ref, b_ref = a.clone(), b.clone()
+    assert_same(fn(a_ref, b_ref), c(a, b))
+    t = torch.randn(3)
+    t_ref = t.clone()
+    assert_same(fn(t_ref, t_ref), c(t, t))   # the same tensor twice: y sees x's update
+    assert_same(t_ref, t)
+
+
+def test_closure_over_mutable_list_contents(counting_backend):
+    scales = [2.0]
+    layers = [torch.relu]
+
+    def fn(x):
+        return layers[0](x) * scales[0]
+
+    c = _compile(fn, counting_backend)
+    x = torch.randn(4)
+    _run(c, fn, x)
+    assert counting_backend.count == 1
+    scales[0] = 3.0
+    _run(c, fn, x)
+    layers[0] = torch.sigmoid
+    _run(c, fn, x)
+
+
+def test_function_defaults_changed(counting_backend):
+    def fn(x, scale=2.0):
+        return x * scale
+
+    c = _compile(fn, counting_backend)
+    x = torch.randn(4)
+    _run(c, fn, x)
+    assert counting_backend.count == 1
+    fn.__defaults__ = (5.0,)
+    _run(c, fn, x)
+
+
+def test_nested_plain_object_attribute_changed(counting_backend):
+    class Inner:
+        flag = True
+
+    class Outer:
+        def __init__(self):
+            self.inner = Inner()
+            self.inner.k = 2
+
+    def fn(x, o):
+        y = x * o.inner.k
+        return y + 1 if o.inner.flag else y - 1
+
+    o = Outer()
+    c = _compile(fn, counting_backend)
+    x = torch.randn(4)
+    _run(c, fn, x, o)
+    assert counting_backend.count == 1
+    o.inner.flag = False
+    _run(c, fn, x, o)
+    o.inner.k = 7
+    _run(c, fn, x, o)
+    o.inner = Inner()
+    o.inner.k = 1
+    _run(c, fn, x, o)
+
+
+def test_python_values_inside_containers_change(counting_backend):
+    def fn(x, cfg, dims):
+        return x * cfg["k"] + dims[1]
+
+    c = _compile(fn, counting_backend)
+    x = torch.randn(4)
+    _run(c, fn, x, {"k": 2}, (1, 2))
+    assert counting_backend.count == 1
+    _run(c, fn, x, {"k": 3}, (1, 2))
+    _run(c, fn, x, {"k": 2}, (1, 5))
+    _run(c, fn, x, {"k": 2.5}, (1, 2))
+
+
+def test_tensor_metadata_inside_list_changes(counting_backend):
+    def fn(xs):
+        return [t * 2 for t in xs]
+
+    c = _compile(fn, counting_backend)
+    _run(c, fn, [torch.randn(3), torch.randn(3)])
+    assert counting_backend.count == 1
+    _run(c, fn, [torch.randn(3), torch.randn(3, dtype=torch.float64)])
+    _run(c, fn, [torch.randn(3), torch.randn(5)])
+    out = _run(c, fn, [torch.randn(3), torch.randn(3, requires_grad=True)])
+    assert out[1].requires_grad
+
+
+def test_grad_mode_read_as_python_value(counting_backend):
+    def fn(x):
+        return x * 2 if torch.is_grad_enabled() else x * 3
+
+    c = _compile(fn, counting_backend)
+    x = torch.randn(4)
+    _run(c, fn, x)
+    with torch.no_grad():
+        _run(c, fn, x)
+    assert counting_backend.count == 2
+
+
+def test_parameter_requires_grad_toggled(counting_backend):
+    m = nn.Linear(4, 4)
+    c = _compile(m, counting_backend)
+    x = torch.randn(2, 4)
+    assert _run(c, m, x).requires_grad
+    for p in m.parameters():
+        p.requires_grad_(False)
+    assert not _run(c, m, x).requires_grad
+    for p in m.parameters():
+        p.requires_grad_(True)
+    assert _run(c, m, x).requires_grad
+
+
+def test_buffer_replaced(counting_backend):
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("scale", torch.randn(4))
+
+        def forward(self, x):
+            return x * self.scale
+
+    m = M()
+    c = _compile(m, counting_backend)
+    x = torch.randn(4)
+    _run(c, m, x)
+    assert counting_backend.count == 1
+    m.scale = torch.randn(4)
+    _run(c, m, x)
+    m.register_buffer("scale", torch.randn(1))
+    _run(c, m, x)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 import torch.nn as nn
 
@@ -310,3 +311,109 @@ def test_returned_view_of_input_aliases_input(counting_backend):
     x.add_(1)   # the outputs are views, as in eager: they see the update
     assert_same(x.view(-1), flat)
     assert_same(x[0], row)
+
+
+# --- more side effects ----------------------------------------------------------------------------
+
+LOG: list = []
+
+
+def test_global_list_append_and_closure_list(counting_backend):
+    acc = []
+
+    def fn(x):
+        LOG.append(x.sum())
+        acc.append(x * 2)
+        return x + len(LOG)
+
+    c = _compile(fn, counting_backend)
+    LOG.clear()
+    try:
+        x1, x2 = torch.randn(3), torch.randn(3)
+        assert_same(x1 + 1, c(x1))
+        assert_same(x2 + 2, c(x2))
+        assert_same([x1.sum(), x2.sum()], LOG)
+        assert_same([x1 * 2, x2 * 2], acc)
+    finally:
+        LOG.clear()
+
+
+def test_returned_argument_list_and_dict_keep_identity(counting_backend):
+    def fn(x, xs, d):
+        xs.append(x * 2)
+        d["y"] = x + 1
+        return xs, d
+
+    x, xs, d = torch.randn(3), [], {}
+    out_xs, out_d = _compile(fn, counting_backend)(x, xs, d)
+    assert out_xs is xs and out_d is d
+    assert_same([x * 2], xs)
+    assert_same({"y": x + 1}, d)
+
+
+def test_module_tensor_attribute_and_buffer_update(counting_backend):
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(3))
+            self.register_buffer("steps", torch.zeros((), dtype=torch.int64))
+
+        def forward(self, x):
+            self.steps += 1
+            self.cache = x * self.w
+            with torch.no_grad():
+                self.w.mul_(0.5)
+            return self.cache.sum()
+
+    m = M()
+    ref = copy.deepcopy(m)
+    c = _compile(m, counting_backend)
+    for _ in range(2):
+        x = torch.randn(3)
+        assert_same(ref(x), c(x))
+        assert_same(ref.steps, m.steps)
+        assert_same(ref.cache, m.cache)
+        assert_same(ref.w, m.w)
+    assert counting_backend.count >= 1
+
+
+def test_returned_input_inside_dataclass_and_namedtuple(counting_backend):
+    import collections
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Out:
+        a: torch.Tensor
+        b: torch.Tensor
+
+    P = collections.namedtuple("P", "a b")
+
+    def fn(x):
+        return Out(x, x * 2), P(x * 3, x)
+
+    x = torch.randn(3)
+    out, p = _compile(fn, counting_backend)(x)
+    assert type(out) is Out and type(p) is P
+    assert out.a is x and p.b is x
+    assert_same(x * 2, out.b)
+    assert_same(x * 3, p.a)
+
+
+def test_exception_after_side_effects_matches_eager(counting_backend):
+    def fn(x, events):
+        events.append("before")
+        x.add_(1)
+        y = x @ torch.ones(5, 2)    # shape error: x is (3,)
+        events.append("after")
+        return y
+
+    x = torch.randn(3)
+    x_ref = x.clone()
+    events, events_ref = [], []
+    with pytest.raises(RuntimeError) as eager_err:
+        fn(x_ref, events_ref)
+    compiled = kiln.compile(fn, backend=counting_backend)
+    with pytest.raises(type(eager_err.value)):
+        compiled(x, events)
+    assert events == events_ref
+    assert_same(x_ref, x)

@@ -33,7 +33,18 @@ _CONSTANT_TYPES = (type(None), bool, int, float, complex, str, bytes, torch.dtyp
 
 
 def wrap(tx: Translator, value: Any, source: Source, *, module_guard: bool = False) -> VT:
-    """A tracker for `value`, read from `source`, with guards."""
+    """A tracker for `value`, read from `source`, with guards. One tracker per source, so a
+    mutation made through one read (`LOG.append`) is seen by the next (`len(LOG)`)."""
+    memo = tx.output.wrapped
+    known = memo.get(source)
+    if known is not None:
+        return known
+    vt = _wrap(tx, value, source, module_guard)
+    memo[source] = vt
+    return vt
+
+
+def _wrap(tx: Translator, value: Any, source: Source, module_guard: bool) -> VT:
     guards = tx.output.guards
     loc = tx.location()
     if isinstance(value, torch.Tensor):
@@ -69,8 +80,7 @@ def wrap(tx: Translator, value: Any, source: Source, *, module_guard: bool = Fal
                           types.MethodType, types.MethodDescriptorType,
                           types.WrapperDescriptorType)) or callable(value) and not hasattr(
                               value, "__dict__"):
-        if not _library_object(value):
-            guards.id_match(source, value, module=module_guard, location=loc)
+        guards.id_match(source, value, module=module_guard, location=loc)
         return _wrap_callable(tx, value, source)
     if dataclasses.is_dataclass(value) or hasattr(value, "__dict__"):
         guards.type_match(source, value, module=module_guard, location=loc)
@@ -136,9 +146,3 @@ def _attr(source: Source, name: str) -> Source:
     from kiln.capture.sources import Attr
     return Attr(source, name)
 
-
-def _library_object(value: Any) -> bool:
-    module = getattr(value, "__module__", None) or getattr(value, "__name__", "")
-    if isinstance(value, types.ModuleType):
-        module = value.__name__
-    return isinstance(module, str) and rules.is_library_module(module)
