@@ -43,26 +43,7 @@ if ROOT not in sys.path:
 import kiln  # noqa: E402
 
 
-# --- the seed's TransformerBlock (kept here so the script runs without the tests package) ---------
-
-class TransformerBlock(nn.Module):
-    def __init__(self, d_model=1024, nhead=16):
-        super().__init__()
-        self.attn = nn.MultiheadAttention(d_model, nhead, batch_first=True)
-        self.norm1 = nn.LayerNorm(d_model)
-        self.norm2 = nn.LayerNorm(d_model)
-        self.mlp = nn.Sequential(
-            nn.Linear(d_model, d_model * 4),
-            nn.GELU(),
-            nn.Linear(d_model * 4, d_model),
-        )
-
-    def forward(self, x):
-        attn_out, _ = self.attn(x, x, x)
-        x = self.norm1(x + attn_out)
-        mlp_out = self.mlp(x)
-        x = self.norm2(x + mlp_out)
-        return x
+from kiln.tools.seed_model import TransformerBlock  # noqa: E402  (the seed's block)
 
 
 def add_mul(a, b, c):

@@ -4,8 +4,8 @@
 - `GPT`: a nanoGPT-style decoder (token + position embeddings, causal SDPA attention, tied lm_head).
 - `ResNetBlock` / `TinyResNet`: a basic residual block with BatchNorm and a downsample shortcut.
 
-These modules must never import kiln: the tests compile them and compare against eager runs of
-identical deep copies. Keep sizes small; CPU tests run them many times.
+These modules contain no kiln code: the tests compile them and compare against eager runs of
+identical deep copies (the seed block is imported from `kiln.tools.seed_model`, plain PyTorch). Keep sizes small; CPU tests run them many times.
 """
 
 from __future__ import annotations
@@ -28,24 +28,9 @@ __all__ = [
 
 # --- the seed's TransformerBlock (seed/000_*.txt, section 3) --------------------------------------
 
-class TransformerBlock(nn.Module):
-    def __init__(self, d_model=1024, nhead=16):
-        super().__init__()
-        self.attn = nn.MultiheadAttention(d_model, nhead, batch_first=True)
-        self.norm1 = nn.LayerNorm(d_model)
-        self.norm2 = nn.LayerNorm(d_model)
-        self.mlp = nn.Sequential(
-            nn.Linear(d_model, d_model * 4),
-            nn.GELU(),
-            nn.Linear(d_model * 4, d_model),
-        )
-
-    def forward(self, x):
-        attn_out, _ = self.attn(x, x, x)
-        x = self.norm1(x + attn_out)
-        mlp_out = self.mlp(x)
-        x = self.norm2(x + mlp_out)
-        return x
+# One definition of the seed's block lives in the package (the demo and the benchmarks use it too);
+# it is plain PyTorch with no kiln code in it.
+from kiln.tools.seed_model import TransformerBlock  # noqa: E402
 
 
 # --- nanoGPT-style decoder ------------------------------------------------------------------------

@@ -28,7 +28,9 @@ def compiling() -> bool:
     return getattr(_local, "depth", 0) > 0
 
 
-class _Compiling:
+class compiling_scope:  # noqa: N801 - used as `with compiling_scope():`
+    """Marks capture in progress on this thread (compiled code reached meanwhile runs eagerly)."""
+
     def __enter__(self) -> None:
         _local.depth = getattr(_local, "depth", 0) + 1
 
@@ -187,5 +189,3 @@ def build_dispatcher(cache: CodeCache, fn: types.FunctionType,
 def _safe_name(name: str) -> str:
     return name if name.isidentifier() else "compiled_fn"
 
-
-compiling_scope = _Compiling

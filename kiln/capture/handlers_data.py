@@ -7,8 +7,6 @@ from __future__ import annotations
 import operator
 from typing import TYPE_CHECKING
 
-import torch
-
 from kiln.capture.unsupported import unsupported
 from kiln.capture.variables.base import VT, CellBox, ConstantVT, NullVT
 from kiln.capture.variables.builtins import binary_op, iterate
@@ -141,11 +139,6 @@ def LOAD_ATTR(tx: Translator, inst: Instr) -> None:
     if inst.method:
         tx.push(NullVT())
     tx.push(attr)
-
-
-def LOAD_METHOD(tx: Translator, inst: Instr) -> None:
-    inst.method = True
-    LOAD_ATTR(tx, inst)
 
 
 def LOAD_SUPER_ATTR(tx: Translator, inst: Instr) -> None:
@@ -393,5 +386,3 @@ def UNPACK_EX(tx: Translator, inst: Instr) -> None:
     for item in reversed(items[:before] + [middle] + items[len(items) - after:]):
         tx.push(item)
 
-
-_ = torch

@@ -98,8 +98,6 @@ class OutputGraph:
                         "code out of the compiled function")
         except Exception as err:
             self.graph.erase_node(node)
-            if isinstance(err, _UserError):
-                raise
             unsupported("op-failed", f"{_target_name(target)} failed on the traced values: "
                         f"{type(err).__name__}: {err}", category="user-fixable",
                         hint="run the function eagerly with the same inputs to see the error")
@@ -122,10 +120,6 @@ class OutputGraph:
 
     def call_count(self) -> int:
         return sum(1 for n in self.graph.nodes if n.op in ("call_function", "call_method"))
-
-
-class _UserError(Exception):
-    """Reserved for errors that must reach the user unchanged."""
 
 
 def _target_name(target: Any) -> str:

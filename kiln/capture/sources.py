@@ -37,9 +37,6 @@ class Source:
         text = re.sub(r"[^0-9a-zA-Z_]+", "_", self.name()).strip("_")
         return text if text and not text[0].isdigit() else f"v_{text}"
 
-    def root(self) -> Source:
-        return self
-
 
 @dataclass(frozen=True)
 class Local(Source):
@@ -89,14 +86,16 @@ class FnClosure(Source):
     def name(self) -> str:
         return f"{self.fn.name()}.<closure {self.var}>"
 
-    def root(self) -> Source:
-        return self.fn.root()
+
+@dataclass(frozen=True)
+class _Derived(Source):
+    """A value read through another source (`base`)."""
+    base: Source
 
 
 @dataclass(frozen=True)
-class Attr(Source):
+class Attr(_Derived):
     """`getattr(base, attr)` on a plain object."""
-    base: Source
     attr: str
 
     def expr(self) -> str:
@@ -105,14 +104,10 @@ class Attr(Source):
     def name(self) -> str:
         return f"{self.base.name()}.{self.attr}"
 
-    def root(self) -> Source:
-        return self.base.root()
-
 
 @dataclass(frozen=True)
-class TypeAttr(Source):
+class TypeAttr(_Derived):
     """A class attribute read through an instance: `type(base).attr`."""
-    base: Source
     attr: str
 
     def expr(self) -> str:
@@ -121,13 +116,9 @@ class TypeAttr(Source):
     def name(self) -> str:
         return f"type({self.base.name()}).{self.attr}"
 
-    def root(self) -> Source:
-        return self.base.root()
-
 
 @dataclass(frozen=True)
-class _ModuleSlot(Source):
-    base: Source
+class _ModuleSlot(_Derived):
     attr: str
     slot = "__dict__"
 
@@ -136,9 +127,6 @@ class _ModuleSlot(Source):
 
     def name(self) -> str:
         return f"{self.base.name()}.{self.attr}"
-
-    def root(self) -> Source:
-        return self.base.root()
 
 
 @dataclass(frozen=True)
@@ -163,9 +151,8 @@ class SubModule(_ModuleSlot):
 
 
 @dataclass(frozen=True)
-class Item(Source):
+class Item(_Derived):
     """`base[key]` for a constant key (list index, dict key, tuple index)."""
-    base: Source
     key: object
 
     def expr(self) -> str:
@@ -173,9 +160,6 @@ class Item(Source):
 
     def name(self) -> str:
         return f"{self.base.name()}[{self.key!r}]"
-
-    def root(self) -> Source:
-        return self.base.root()
 
 
 @dataclass(frozen=True)

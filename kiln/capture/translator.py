@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from kiln.capture.bytecode import decode
 from kiln.capture.sources import ConstSource, Global, Item, Source
 from kiln.capture.unsupported import Unsupported, unsupported
-from kiln.capture.variables.base import VT, CellBox, ConstantVT, LazyVT
+from kiln.capture.variables.base import VT, CellBox, LazyVT
 from kiln.diagnostics import UserLocation
 
 if TYPE_CHECKING:
@@ -216,4 +216,3 @@ def _load_handlers() -> None:
 
 
 _load_handlers()
-_ = ConstantVT

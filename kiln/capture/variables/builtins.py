@@ -6,8 +6,6 @@ stops capture with the reason.
 """
 from __future__ import annotations
 
-import builtins
-import math
 import operator
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -15,8 +13,7 @@ import torch
 
 from kiln.capture.unsupported import unsupported
 from kiln.capture.variables.base import VT, ConstantVT, NotConstant
-from kiln.capture.variables.containers import (DictVT, IteratorVT, ListVT, SliceVT, TupleVT,
-                                               is_namedtuple_class)
+from kiln.capture.variables.containers import DictVT, IteratorVT, ListVT, SliceVT, TupleVT
 from kiln.capture.variables.objects import AutocastVT, GradModeVT
 from kiln.capture.variables.tensor import TensorVT, graph_call
 
@@ -476,5 +473,3 @@ def kiln_specials() -> None:
     register_special(kiln.graph_break, _graph_break)
     register_special(kiln.is_compiling, _constant(True))
 
-
-_ = (builtins, math, is_namedtuple_class)

@@ -6,7 +6,7 @@ import inspect
 import types
 from typing import TYPE_CHECKING, Any
 
-from kiln.capture.sources import Attr, FnClosure, Source
+from kiln.capture.sources import FnClosure, Source
 from kiln.capture.unsupported import unsupported
 from kiln.capture.variables.base import VT, CellBox, ConstantVT
 from kiln.capture.variables.containers import DictVT, TupleVT
@@ -75,7 +75,7 @@ class UserFunctionVT(_InlinableVT):
         return self.fn.__globals__
 
     def closure_cells(self, tx: Translator) -> list[CellBox]:
-        from kiln.capture.variables.builder import wrap
+        from kiln.capture.variables.builder import wrap, wrap_derived
         cells = []
         for i, (name, cell) in enumerate(zip(self.fn.__code__.co_freevars,
                                              self.fn.__closure__ or ())):
@@ -85,24 +85,20 @@ class UserFunctionVT(_InlinableVT):
             except ValueError:  # an empty cell (variable assigned later)
                 cells.append(CellBox(None, source))
                 continue
-            value = wrap(tx, contents, source) if source is not None else wrap_unguarded(tx, contents)
+            value = wrap(tx, contents, source) if source is not None else wrap_derived(tx, contents)
             cells.append(CellBox(value, source))
         return cells
 
     def defaults(self, tx: Translator) -> tuple[list[VT], dict[str, VT]]:
-        defaults = [wrap_unguarded(tx, d) for d in (self.fn.__defaults__ or ())]
-        kwdefaults = {k: wrap_unguarded(tx, v) for k, v in (self.fn.__kwdefaults__ or {}).items()}
+        from kiln.capture.variables.builder import wrap_derived
+        defaults = [wrap_derived(tx, d) for d in (self.fn.__defaults__ or ())]
+        kwdefaults = {k: wrap_derived(tx, v) for k, v in (self.fn.__kwdefaults__ or {}).items()}
         return defaults, kwdefaults
 
     def getattr(self, tx: Translator, name: str) -> VT:
         if name in ("__name__", "__qualname__", "__module__", "__doc__"):
             return ConstantVT(getattr(self.fn, name))
         return super().getattr(tx, name)
-
-
-def wrap_unguarded(tx: Translator, value: Any) -> VT:
-    from kiln.capture.variables.builder import wrap_derived
-    return wrap_derived(tx, value)
 
 
 class NestedFunctionVT(_InlinableVT):
@@ -204,13 +200,10 @@ class SuperVT(VT):
                                          ConstantVT(self.obj.python_type()))
                 if attr is object.__init__:
                     return _NoopVT()
-                return wrap_derived(tx, getattr(super(self.cls, _Probe(klass)), name, attr))
+                if hasattr(attr, "__get__"):
+                    unsupported("super-descriptor", f"super().{name} is a descriptor")
+                return wrap_derived(tx, attr)
         unsupported("super-attribute", f"super().{name} not found", category="user-fixable")
-
-
-class _Probe:
-    def __init__(self, klass: type) -> None:
-        self.klass = klass
 
 
 class _NoopVT(VT):
@@ -281,6 +274,3 @@ def bind_args(code: types.CodeType, name: str, args: list[VT], kwargs: dict[str,
 def _bad_call(name: str, why: str) -> None:
     unsupported("bad-call", f"{name}() {why}", category="user-fixable")
 
-
-def method_source(base: Source | None, name: str) -> Source | None:
-    return Attr(base, name) if base is not None else None
