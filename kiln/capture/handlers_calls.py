@@ -70,8 +70,12 @@ class WithExitVT(VT):
 def BEFORE_WITH(tx: Translator, inst: Instr) -> None:
     ctx = tx.pop()
     if not hasattr(ctx, "enter"):
+        from kiln.capture.variables.objects import UserContextVT
+        ctx = UserContextVT.adapt(ctx) or ctx
+    if not hasattr(ctx, "enter"):
         unsupported("context-manager", f"`with {ctx.describe()}` is not supported yet",
-                    hint="torch.no_grad, enable_grad, set_grad_enabled and autocast are")
+                    hint="torch.no_grad, enable_grad, set_grad_enabled, autocast and classes "
+                         "with Python __enter__/__exit__ are")
     tx.push(WithExitVT(ctx))
     tx.push(ctx.enter(tx))
 

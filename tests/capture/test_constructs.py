@@ -762,7 +762,6 @@ def _double(t):
 relu_alias = F.relu   # a module-level alias of a torch function
 
 
-@pytest.mark.xfail(strict=True, reason='functools.partial objects are not captured yet (the function runs eagerly)')
 def test_functools_partial_and_global_alias(check_capture):
     import functools
 
@@ -775,7 +774,6 @@ def test_functools_partial_and_global_alias(check_capture):
     check_capture(fn, torch.randn(4))
 
 
-@pytest.mark.xfail(strict=True, reason='@torch.no_grad()-decorated helpers are not captured yet (the function runs eagerly)')
 def test_no_grad_decorated_helper(check_capture):
     @torch.no_grad()
     def frozen(t):
@@ -858,7 +856,6 @@ def test_list_operations_on_python_values(check_capture):
     check_capture(fn, [torch.randn(2) for _ in range(4)], [1, 3, 1, 5])
 
 
-@pytest.mark.xfail(strict=True, reason='torch.finfo attributes are not captured yet (the function runs eagerly)')
 def test_constant_tensors_and_dtype_device_kwargs(check_capture):
     def fn(x, mask):
         c = torch.tensor([1.0, 2.0, 3.0])
@@ -899,7 +896,6 @@ def test_recursive_helper_is_inlined(check_capture):
     check_capture(fn, [torch.randn(3) for _ in range(3)])
 
 
-@pytest.mark.xfail(strict=True, reason='user-defined context managers are not captured yet (the function runs eagerly)')
 def test_user_context_manager_without_break(check_capture):
     class Scale:
         def __init__(self, box):

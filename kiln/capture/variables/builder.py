@@ -8,19 +8,21 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import types
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from kiln.capture import rules
-from kiln.capture.sources import Item, Source
+from kiln.capture.sources import Attr, FnClosure, Item, Source
 from kiln.capture.unsupported import unsupported
 from kiln.capture.variables.base import VT, ConstantVT
 from kiln.capture.variables.containers import DictVT, ListVT, SliceVT, TupleVT
 from kiln.capture.variables.functions import BoundMethodVT, TorchFunctionVT, UserFunctionVT
 from kiln.capture.variables.nn_module import ModuleVT
-from kiln.capture.variables.objects import ClassVT, PythonModuleVT, UserObjectVT
+from kiln.capture.variables.objects import (ClassVT, PartialVT, PythonModuleVT, UserObjectVT,
+                                            context_vt)
 
 if TYPE_CHECKING:
     from kiln.capture.translator import Translator
@@ -29,7 +31,7 @@ __all__ = ["wrap", "wrap_derived"]
 
 _CONSTANT_TYPES = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device,
                    torch.layout, torch.memory_format, range, type(Ellipsis), type(NotImplemented),
-                   enum.Enum, frozenset)
+                   enum.Enum, frozenset, torch.finfo, torch.iinfo)
 
 
 def wrap(tx: Translator, value: Any, source: Source, *, module_guard: bool = False) -> VT:
@@ -54,13 +56,22 @@ def _wrap(tx: Translator, value: Any, source: Source, module_guard: bool) -> VT:
             guards.id_match(source, value, module=module_guard, location=loc)
         return vt
     if isinstance(value, _CONSTANT_TYPES):
-        if isinstance(value, (torch.dtype, torch.device, torch.layout, enum.Enum)):
-            guards.id_match(source, value, module=module_guard, location=loc) if not isinstance(
-                value, torch.device) else guards.equals(source, value, module=module_guard,
-                                                        location=loc)
+        if isinstance(value, (torch.dtype, torch.layout, enum.Enum)):  # singletons
+            guards.id_match(source, value, module=module_guard, location=loc)
         else:
             guards.equals(source, value, module=module_guard, location=loc)
         return ConstantVT(value, source)
+    context = context_vt(value)
+    if context is not None:
+        guards.id_match(source, value, module=module_guard, location=loc)
+        return context
+    if isinstance(value, functools.partial):
+        guards.id_match(source, value, module=module_guard, location=loc)
+        return PartialVT(wrap(tx, value.func, Attr(source, "func")),
+                         [wrap(tx, a, Item(Attr(source, "args"), i))
+                          for i, a in enumerate(value.args)],
+                         {k: wrap(tx, v, Item(Attr(source, "keywords"), k))
+                          for k, v in value.keywords.items()}, source)
     if isinstance(value, torch.nn.Module):
         guards.id_match(source, value, module=module_guard, location=loc)
         return ModuleVT(value, source)
@@ -97,6 +108,12 @@ def wrap_derived(tx: Translator, value: Any) -> VT:
                     hint="pass the tensor as an argument or store it on the module")
     if isinstance(value, _CONSTANT_TYPES):
         return ConstantVT(value)
+    context = context_vt(value)
+    if context is not None:
+        return context
+    if isinstance(value, functools.partial):
+        return PartialVT(wrap_derived(tx, value.func), [wrap_derived(tx, a) for a in value.args],
+                         {k: wrap_derived(tx, v) for k, v in value.keywords.items()})
     if isinstance(value, torch.Size):
         return TupleVT([ConstantVT(d) for d in value], torch.Size)
     if isinstance(value, tuple):
@@ -131,10 +148,11 @@ def _wrap_callable(tx: Translator, value: Any, source: Source | None) -> VT:
     if kind == "method":
         self_obj = value.__self__
         self_vt = wrap_derived(tx, self_obj) if source is None else wrap(
-            tx, self_obj, _attr(source, "__self__"))
+            tx, self_obj, Attr(source, "__self__"))
         return BoundMethodVT(_wrap_callable(tx, value.__func__, None), self_vt, source)
     if kind == "inline":
-        return UserFunctionVT(value, source)
+        decorated = _context_decorated(tx, value, source)
+        return decorated if decorated is not None else UserFunctionVT(value, source)
     if kind == "constant":
         return ConstantVT(value, source)
     unsupported("unsupported-callable", rules.why_unsupported(value),
@@ -142,7 +160,24 @@ def _wrap_callable(tx: Translator, value: Any, source: Source | None) -> VT:
                      "move it out of the compiled function")
 
 
-def _attr(source: Source, name: str) -> Source:
-    from kiln.capture.sources import Attr
-    return Attr(source, name)
+# The code object of torch's context-decorator wrapper (functools.wraps hides its name).
+_DECORATE_CONTEXT_CODE = torch.no_grad()(lambda: None).__code__
+
+
+def _context_decorated(tx: Translator, fn: Any, source: Source | None) -> VT | None:
+    """A function wrapped by `@torch.no_grad()` and friends: the context around the wrapped call
+    (read from the wrapper's closure instead of interpreting torch's decorator machinery)."""
+    from kiln.capture.variables.objects import _DecoratedVT
+    if getattr(fn, "__code__", None) is not _DECORATE_CONTEXT_CODE:
+        return None
+    cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or ()))
+    factory, func = cells["ctx_factory"].cell_contents, cells["func"].cell_contents
+    context = context_vt(getattr(factory, "__self__", None))
+    if context is None or not isinstance(func, types.FunctionType):
+        return None
+    index = fn.__code__.co_freevars.index("func")
+    func_source = FnClosure(source, index, "func") if source is not None else None
+    return _DecoratedVT(context, UserFunctionVT(func, func_source))
+
+
 

@@ -6,6 +6,7 @@ stops capture with the reason.
 """
 from __future__ import annotations
 
+import functools
 import operator
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -439,12 +440,18 @@ def _autocast_enabled(tx: Translator, args: Args, kwargs: Kwargs) -> VT:
     return ConstantVT(torch.is_autocast_enabled(device))
 
 
+def _partial(tx: Translator, args: Args, kwargs: Kwargs) -> VT:
+    from kiln.capture.variables.objects import PartialVT
+    return PartialVT(args[0], list(args[1:]), dict(kwargs))
+
+
 def _has_torch_function(tx: Translator, args: Args, kwargs: Kwargs) -> VT:
     """Plain tensors never override __torch_function__ (subclasses are refused at input)."""
     return ConstantVT(False)
 
 
 SPECIAL_FUNCTIONS: dict[Any, Callable[[Translator, Args, Kwargs], VT]] = {
+    functools.partial: _partial,
     torch.no_grad: _no_grad,
     torch.enable_grad: _enable_grad,
     torch.set_grad_enabled: _set_grad_enabled,

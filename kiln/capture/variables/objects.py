@@ -3,6 +3,7 @@ frame or created by the traced code), and the context managers capture understan
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import types
 from typing import TYPE_CHECKING, Any
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
     from kiln.capture.translator import Translator
 
 __all__ = ["PythonModuleVT", "ClassVT", "UserObjectVT", "NewObjectVT", "GradModeVT",
-           "AutocastVT", "lookup_class_attr"]
+           "AutocastVT", "UserContextVT", "PartialVT", "lookup_class_attr", "context_vt"]
 
 MISSING = object()
 
@@ -283,6 +284,58 @@ class _DecoratedVT(VT):
         result = self.fn.call(tx, args, kwargs)
         self.ctx.exit(tx)
         return result
+
+
+def context_vt(value: Any) -> VT | None:
+    """A tracker for a torch context-manager *object* (e.g. the one behind @torch.no_grad())."""
+    if isinstance(value, torch.set_grad_enabled):
+        return GradModeVT(bool(value.mode))
+    if isinstance(value, torch.enable_grad):
+        return GradModeVT(True)
+    if isinstance(value, torch.no_grad):
+        return GradModeVT(False)
+    if isinstance(value, torch.autocast):
+        return AutocastVT((value.device,), {"dtype": value.fast_dtype, "enabled": value._enabled,
+                                            "cache_enabled": value._cache_enabled})
+    return None
+
+
+class UserContextVT(VT):
+    """A user object with Python `__enter__`/`__exit__`, used in a `with` that does not break."""
+
+    def __init__(self, obj: VT) -> None:
+        self.obj = obj
+
+    def enter(self, tx: Translator) -> VT:
+        return self.obj.getattr(tx, "__enter__").call(tx, [], {})
+
+    def exit(self, tx: Translator) -> VT:
+        none = ConstantVT(None)
+        return self.obj.getattr(tx, "__exit__").call(tx, [none, none, none], {})
+
+    @staticmethod
+    def adapt(obj: VT) -> VT | None:
+        if not isinstance(obj, _ObjectBase):
+            return None
+        methods = [lookup_class_attr(obj.cls, n) for n in ("__enter__", "__exit__")]
+        if all(isinstance(m, types.FunctionType) for m in methods):
+            return UserContextVT(obj)
+        return None
+
+
+class PartialVT(VT):
+    """functools.partial(fn, *args, **kwargs): calls `fn` with the bound arguments first."""
+
+    def __init__(self, fn: VT, args: list[VT], kwargs: dict[str, VT],
+                 source: Source | None = None) -> None:
+        self.fn, self.args, self.kwargs = fn, args, kwargs
+        self.source = source
+
+    def python_type(self) -> type:
+        return functools.partial
+
+    def call(self, tx: Translator, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        return self.fn.call(tx, [*self.args, *args], {**self.kwargs, **kwargs})
 
 
 class AutocastVT(VT):
