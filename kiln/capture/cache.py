@@ -18,8 +18,8 @@ from kiln.capture.guards import AMBIENT_NAMESPACE, Constants, Guard
 from kiln.capture.mutation import MODULE_VERSION
 from kiln.diagnostics import GuardFailure, Unsupported
 
-__all__ = ["CacheEntry", "CodeCache", "cache_for", "clear_caches", "signature_source",
-           "compiling"]
+__all__ = ["CacheEntry", "CodeCache", "Dispatcher", "build_dispatcher", "cache_for",
+           "clear_caches", "signature_source", "compiling"]
 
 _local = threading.local()
 
@@ -38,7 +38,7 @@ class compiling_scope:  # noqa: N801 - used as `with compiling_scope():`
         _local.depth -= 1
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)  # identity: entries are reordered and looked up by object
 class CacheEntry:
     guards: list[Guard]
     body: list[str]
@@ -61,6 +61,12 @@ class CodeCache:
     def add(self, entry: CacheEntry) -> None:
         self.entries.insert(0, entry)
         self.version += 1
+
+    def promote(self, entry: CacheEntry) -> None:
+        """Most recently hit first (the order is shared by every function with this code)."""
+        if self.entries[0] is not entry:
+            self.entries.remove(entry)
+            self.entries.insert(0, entry)
 
     def failures(self, namespace: dict[str, Any]) -> list[GuardFailure]:
         """Why the most recent entry did not match (its first failing guards)."""
@@ -145,45 +151,63 @@ def call_source(code: types.CodeType) -> str:
     return ", ".join(parts)
 
 
+@dataclasses.dataclass
+class Dispatcher:
+    """Generated code over a cache's entries for one function object.
+
+    `variants[e]` has the user's signature and checks entry `e` inline first: pointing the
+    compiled function at the variant of the most recently hit entry keeps MRU order without
+    regenerating code. `checks[e]` / `entries[e]` are positional (one argument per parameter);
+    `slow` is the positional path that tries every entry in MRU order, then misses."""
+
+    variants: dict[int, Callable]
+    empty: Callable
+    checks: dict[int, Callable]
+    entries: dict[int, Callable]
+    eager: Callable
+    namespace: dict[str, Any]
+    source: str
+
+
 def build_dispatcher(cache: CodeCache, fn: types.FunctionType,
-                     miss: Callable[..., Callable]) -> types.FunctionType:
-    """Generate and exec the dispatcher for `fn` over the cache's current entries."""
+                     slow: Callable[..., Any]) -> Dispatcher:
+    """Generate and exec the dispatch code for `fn` over the cache's current entries."""
     params = ", ".join(cache.params)
+    signature = signature_source(cache.code)
     lines = []
     namespace: dict[str, Any] = {
         **AMBIENT_NAMESPACE, **cache.consts.namespace(), "__G": fn.__globals__,
-        "__cells": fn.__closure__, "__modver": MODULE_VERSION, "__miss": miss,
-        "__orig": fn,
+        "__cells": fn.__closure__, "__modver": MODULE_VERSION, "__slow": slow, "__orig": fn,
     }
     for i, entry in enumerate(cache.entries):
         namespace[f"__ev{i}"] = entry.version
         for name, value in entry.namespace.items():
             namespace[f"{name}_{i}"] = value
-        body = [line.replace("__graph(", f"__graph_{i}(") for line in entry.body]
         lines.append(f"def __entry{i}({params}):")
-        lines.extend(f"    {line}" for line in body)
-    lines.append(f"def __eager({params}):")
-    lines.append(f"    return __orig({call_source(cache.code)})")
-    lines.append(f"def __redispatch({params}):")
-    lines.append(f"    return {_safe_name(fn.__name__)}({call_source(cache.code)})")
-    lines.append(f"def {_safe_name(fn.__name__)}({signature_source(cache.code)}):")
-    for i, entry in enumerate(cache.entries):
+        lines.extend(f"    {line.replace('__graph(', f'__graph_{i}(')}" for line in entry.body)
         fast = [g.source() for g in entry.guards if not g.module]
         fast.append(f"__modver[0] == __ev{i}[0]")
+        lines.append(f"def __check{i}({params}):")
+        lines.append(f"    return {' and '.join(fast)}")
+        lines.append(f"def __variant{i}({signature}):")
         lines.append(f"    if {' and '.join(fast)}:")
         lines.append(f"        return __entry{i}({params})")
-    lines.append(f"    return __miss({params})({params})")
+        lines.append(f"    return __slow({params})")
+    lines.append(f"def __empty({signature}):")
+    lines.append(f"    return __slow({params})")
+    lines.append(f"def __eager({params}):")
+    lines.append(f"    return __orig({call_source(cache.code)})")
     source = "\n".join(lines) + "\n"
     exec(compile(source, f"<kiln dispatcher for {fn.__qualname__}>", "exec"), namespace)  # noqa: S102
-    dispatcher = namespace[_safe_name(fn.__name__)]
-    dispatcher.__defaults__ = fn.__defaults__
-    dispatcher.__kwdefaults__ = fn.__kwdefaults__
-    dispatcher.__kiln_source__ = source
-    dispatcher.__kiln_eager__ = namespace["__eager"]
-    dispatcher.__kiln_redispatch__ = namespace["__redispatch"]
-    dispatcher.__kiln_entries__ = [namespace[f"__entry{i}"] for i in range(len(cache.entries))]
-    dispatcher.__kiln_namespace__ = namespace
-    return dispatcher
+    named = {}
+    for kind in ("variant", "check", "entry"):
+        named[kind] = {id(e): namespace[f"__{kind}{i}"] for i, e in enumerate(cache.entries)}
+    for variant in (*named["variant"].values(), namespace["__empty"]):
+        variant.__defaults__ = fn.__defaults__
+        variant.__kwdefaults__ = fn.__kwdefaults__
+        variant.__name__ = variant.__qualname__ = fn.__name__
+    return Dispatcher(named["variant"], namespace["__empty"], named["check"], named["entry"],
+                      namespace["__eager"], namespace, source)
 
 
 def _safe_name(name: str) -> str:

@@ -62,24 +62,40 @@ class CompiledFunction:
         self.refresh()
 
     def refresh(self) -> None:
-        self.dispatch = build_dispatcher(self.cache, self.fn, self.miss)
+        self.dispatcher = build_dispatcher(self.cache, self.fn, self.slow)
         self.version = self.cache.version
+        self._point_at_first()
+
+    def _point_at_first(self) -> None:
+        entries = self.cache.entries
+        self.dispatch = self.dispatcher.variants[id(entries[0])] if entries else self.dispatcher.empty
+
+    def slow(self, *values: Any) -> Any:
+        """Every entry in most-recently-hit order, then a miss (positional arguments)."""
+        if self.cache.version != self.version:  # another function object with this code compiled
+            self.refresh()
+        for entry in self.cache.entries:
+            if self.dispatcher.checks[id(entry)](*values):
+                return self._hit(entry)(*values)
+        return self.miss(*values)(*values)
+
+    def _hit(self, entry: CacheEntry) -> Callable:
+        self.cache.promote(entry)
+        self._point_at_first()
+        return self.dispatcher.entries[id(entry)]
 
     def miss(self, *values: Any) -> Callable:
         cache = self.cache
         if compiling() or cache.skip is not None:
-            return self.dispatch.__kiln_eager__
-        if cache.version != self.version:  # another function object with this code compiled
-            self.refresh()
-            return self.dispatch.__kiln_redispatch__
-        namespace = {**self.dispatch.__kiln_namespace__, **dict(zip(cache.params, values))}
+            return self.dispatcher.eager
+        namespace = {**self.dispatcher.namespace, **dict(zip(cache.params, values))}
         entry = cache.revalidate(namespace)
         if entry is not None:
-            return self.dispatch.__kiln_entries__[cache.entries.index(entry)]
+            return self._hit(entry)
         if cache.entries:
             self._report_recompile(namespace)
         if self._over_limit(values):
-            return self.dispatch.__kiln_eager__
+            return self.dispatcher.eager
         return self._compile(dict(zip(cache.params, values)))
 
     def _report_recompile(self, namespace: dict[str, Any]) -> None:
@@ -116,10 +132,10 @@ class CompiledFunction:
             if self.settings.fullgraph:
                 raise UnsupportedError(record) from None
             self.cache.skip = record
-            return self.dispatch.__kiln_eager__
+            return self.dispatcher.eager
         self.cache.add(entry)
         self.refresh()
-        return self.dispatch.__kiln_entries__[0]
+        return self.dispatcher.entries[id(entry)]
 
 
 _live: weakref.WeakSet[CompiledFunction] = weakref.WeakSet()

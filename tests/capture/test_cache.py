@@ -1,0 +1,45 @@
+"""The per-code cache: most recently hit entry first, shared by function objects of one code."""
+from __future__ import annotations
+
+import torch
+
+import kiln
+
+
+def _entries(compiled):
+    return compiled._kiln_compiled.cache.entries
+
+
+def test_most_recently_hit_entry_is_checked_first(counting_backend):
+    def f(x):
+        return x * 2
+
+    compiled = kiln.compile(f, backend=counting_backend)
+    small, large = torch.randn(2), torch.randn(5)
+    compiled(small)
+    compiled(large)
+    first_small, first_large = [e.graph for e in _entries(compiled)][::-1]
+    assert _entries(compiled)[0].graph is first_large  # newest first
+    torch.testing.assert_close(compiled(small), small * 2, rtol=0, atol=0)
+    assert _entries(compiled)[0].graph is first_small  # a hit moves it to the front
+    dispatch = compiled._kiln_compiled.dispatch
+    torch.testing.assert_close(compiled(small), small * 2, rtol=0, atol=0)
+    assert compiled._kiln_compiled.dispatch is dispatch  # the front hit needs no reordering
+    torch.testing.assert_close(compiled(large), large * 2, rtol=0, atol=0)
+    assert _entries(compiled)[0].graph is first_large
+    assert counting_backend.count == 2
+
+
+def test_function_objects_sharing_code_share_entries(counting_backend):
+    def make(k):
+        def g(x):
+            return x + k
+        return g
+
+    a, b = kiln.compile(make(1.0), backend=counting_backend), kiln.compile(make(2.0),
+                                                                            backend=counting_backend)
+    x = torch.randn(3)
+    torch.testing.assert_close(a(x), x + 1.0, rtol=0, atol=0)
+    torch.testing.assert_close(b(x), x + 2.0, rtol=0, atol=0)  # closure guard: a new entry
+    torch.testing.assert_close(a(x), x + 1.0, rtol=0, atol=0)
+    assert counting_backend.count == 2
