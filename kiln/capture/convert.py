@@ -7,6 +7,7 @@ symbolic interpreter over the function's bytecode for one set of inputs and retu
 from __future__ import annotations
 
 import dataclasses
+import logging
 import functools
 import time
 import types
@@ -28,8 +29,11 @@ from kiln.capture.variables.base import CellBox, LazyVT
 from kiln.config import config
 from kiln.diagnostics import RecompileReason, UserLocation
 from kiln.diagnostics import Unsupported as UnsupportedRecord
-from kiln.errors import BackendCompilerFailed, UnsupportedError
+from kiln.capture.bytecode import UnsupportedBytecode
+from kiln.errors import BackendCompilerFailed, InternalError, KilnError, UnsupportedError
 from kiln.logs import artifact_enabled, artifact_logger, warn_once
+
+_log = logging.getLogger("kiln.capture")
 
 __all__ = ["CompiledFunction", "CompileSettings", "capture_function", "compile_function",
            "reset_compiled_functions"]
@@ -124,18 +128,36 @@ class CompiledFunction:
         try:
             with compiling_scope():
                 entry = capture_function(self.fn, f_locals, self.cache, self.settings)
-        except Unsupported as err:
-            record = to_record(err)
-            records.emit("breaks", record)
-            if artifact_enabled("graph_breaks"):
-                artifact_logger("graph_breaks").info(record.render())
-            if self.settings.fullgraph:
-                raise UnsupportedError(record) from None
-            self.cache.skip = record
-            return self.dispatcher.eager
+        except (Unsupported, UnsupportedBytecode) as err:
+            return self._give_up(err)
+        except KilnError:
+            raise  # already a clear, user-facing error (e.g. BackendCompilerFailed)
+        except Exception as err:  # a kiln bug outside the interpreter: never crash the caller
+            if not config.suppress_errors:
+                raise InternalError(f"capture failed: {type(err).__name__}: {err}",
+                                    location=UserLocation.from_code(self.fn.__code__)) from err
+            _log.warning("kiln: capture of %s failed; running it eagerly", self.fn.__qualname__,
+                         exc_info=True)
+            return self._give_up(Unsupported("internal-error", f"kiln failed while capturing: "
+                                             f"{type(err).__name__}: {err}"))
         self.cache.add(entry)
         self.refresh()
         return self.dispatcher.entries[id(entry)]
+
+    def _give_up(self, err: Exception) -> Callable:
+        """Record why capture stopped; the code runs eagerly (or fullgraph=True raises)."""
+        if isinstance(err, UnsupportedBytecode):
+            err = Unsupported("unsupported-python", str(err), hints=(
+                "kiln captures Python 3.11 and 3.12 bytecode",))
+            err.frames.append(UserLocation.from_code(self.fn.__code__))
+        record = to_record(err)
+        records.emit("breaks", record)
+        if artifact_enabled("graph_breaks"):
+            artifact_logger("graph_breaks").info(record.render())
+        if self.settings.fullgraph:
+            raise UnsupportedError(record) from None
+        self.cache.skip = record
+        return self.dispatcher.eager
 
 
 _live: weakref.WeakSet[CompiledFunction] = weakref.WeakSet()

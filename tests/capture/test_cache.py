@@ -43,3 +43,45 @@ def test_function_objects_sharing_code_share_entries(counting_backend):
     torch.testing.assert_close(b(x), x + 2.0, rtol=0, atol=0)  # closure guard: a new entry
     torch.testing.assert_close(a(x), x + 1.0, rtol=0, atol=0)
     assert counting_backend.count == 2
+
+
+def test_a_kiln_bug_runs_the_function_eagerly_or_raises_internal_error(monkeypatch):
+    import pytest
+
+    from kiln.capture import convert
+    from kiln.config import config
+    from kiln.errors import InternalError
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("simulated kiln bug")
+
+    monkeypatch.setattr(convert, "build_entry_code", broken)
+
+    def f(x):
+        return x.sin() + 1
+
+    x = torch.randn(3)
+    report = kiln.explain(f)(x)
+    assert report.graph_count == 0 and "simulated kiln bug" in report.break_reasons[0].render()
+    torch.testing.assert_close(kiln.compile(f)(x), f(x), rtol=0, atol=0)
+    kiln.reset()
+    with config.patch(suppress_errors=False), pytest.raises(InternalError, match="simulated"):
+        kiln.compile(f)(x)
+
+
+def test_python_version_the_bytecode_layer_refuses_runs_eagerly(monkeypatch):
+    from kiln.capture import translator
+    from kiln.capture.bytecode import UnsupportedBytecode
+
+    def refuse(code):
+        raise UnsupportedBytecode("Python 3.99 bytecode is not supported")
+
+    monkeypatch.setattr(translator, "decode", refuse)
+
+    def f(x):
+        return x * 3
+
+    x = torch.randn(2)
+    report = kiln.explain(f)(x)
+    assert report.break_reasons[0].code == "unsupported-python"
+    torch.testing.assert_close(kiln.compile(f)(x), x * 3, rtol=0, atol=0)
