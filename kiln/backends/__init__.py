@@ -7,6 +7,7 @@ Registered names: "eager" (run the captured graph), "inductor" (torch's, for com
 from __future__ import annotations
 
 from kiln.backends import eager as _eager  # noqa: F401  (registers "eager" and "inductor")
+from kiln.backends import aot_eager as _aot_eager  # noqa: F401  (registers "aot_eager")
 from kiln.backends.registry import Backend, list_backends, lookup_backend, register_backend
 
 __all__ = ["Backend", "list_backends", "lookup_backend", "register_backend"]

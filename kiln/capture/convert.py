@@ -19,11 +19,12 @@ import torch
 from kiln.capture import records
 from kiln.capture.cache import (CacheEntry, CodeCache, build_dispatcher, cache_for, compiling,
                                 compiling_scope)
-from kiln.capture.entry import build_entry_code
+from kiln.capture.breaks import check_resumable
+from kiln.capture.entry import build_break_entry_code, build_entry_code
 from kiln.capture.mutation import MODULE_VERSION
 from kiln.capture.output_graph import OutputGraph
 from kiln.capture.sources import Closure, Local
-from kiln.capture.translator import Translator
+from kiln.capture.translator import StopAtBreak, Translator
 from kiln.capture.unsupported import Unsupported
 from kiln.capture.variables.base import CellBox, LazyVT
 from kiln.config import config
@@ -151,9 +152,7 @@ class CompiledFunction:
                 "kiln captures Python 3.11 and 3.12 bytecode",))
             err.frames.append(UserLocation.from_code(self.fn.__code__))
         record = to_record(err)
-        records.emit("breaks", record)
-        if artifact_enabled("graph_breaks"):
-            artifact_logger("graph_breaks").info(record.render())
+        report_break(record)
         if self.settings.fullgraph:
             raise UnsupportedError(record) from None
         self.cache.skip = record
@@ -182,20 +181,50 @@ def _id_key(values: tuple) -> tuple:
 
 def capture_function(fn: types.FunctionType, f_locals: dict[str, Any], cache: CodeCache,
                      settings: CompileSettings) -> CacheEntry:
+    """Trace `fn`; at an instruction capture cannot handle, trace again up to it and break there
+    (graph, native instruction, compiled resume function) when resuming there is safe."""
+    try:
+        return _capture(fn, f_locals, cache, settings, None)
+    except Unsupported as err:
+        if settings.fullgraph or err.root_index is None:
+            raise
+        try:
+            check_resumable(fn.__code__, err.root_index)
+        except Unsupported as why:
+            err.hints = (*err.hints, f"the whole function runs eagerly: {why.message}")
+            raise err from None
+        entry = _capture(fn, f_locals, cache, settings, err)
+        report_break(to_record(err))
+        return entry
+
+
+def report_break(record: UnsupportedRecord) -> None:
+    records.emit("breaks", record)
+    if artifact_enabled("graph_breaks"):
+        artifact_logger("graph_breaks").info(record.render())
+
+
+def _capture(fn: types.FunctionType, f_locals: dict[str, Any], cache: CodeCache,
+             settings: CompileSettings, brk: Unsupported | None) -> CacheEntry:
     start = time.perf_counter()
     output = OutputGraph(cache.consts)
     output.guards.ambient()
     code = fn.__code__
     local_vars = {name: LazyVT(value, Local(name)) for name, value in f_locals.items()}
     tx = Translator(code, local_vars, _root_cells(fn), fn.__globals__, output)
+    tx.break_at = brk.root_index if brk is not None else None
     grad_mode = torch.is_grad_enabled()
     try:
-        result = tx.run()
+        try:
+            result = tx.run()
+        except StopAtBreak:
+            entry_code = build_break_entry_code(output, tx, fn, settings)
+        else:
+            entry_code = build_entry_code(output, result)
     finally:
         torch._C._set_grad_enabled(grad_mode)
         for mode in reversed(output.open_contexts):
             mode.__exit__(None, None, None)
-    entry_code = build_entry_code(output, result)
     captured = time.perf_counter()
     namespace: dict[str, Any] = {}
     if entry_code.gm is not None:

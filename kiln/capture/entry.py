@@ -3,23 +3,31 @@ function (read inputs, call the compiled graph, replay side effects, rebuild the
 caller's exact Python structure), and the FX GraphModule handed to the backend."""
 from __future__ import annotations
 
+import types
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.fx
 
+from kiln.capture.breaks import (CONTEXT_FACTORIES, STACK_PREFIX, ResumeLayout, resume_function,
+                                 route)
+from kiln.capture.handlers_calls import WithExitVT
 from kiln.capture.unsupported import unsupported
-from kiln.capture.variables.base import VT, ConstantVT, LazyVT
-from kiln.capture.variables.containers import DictVT, ListVT, SliceVT, TupleVT
-from kiln.capture.variables.functions import TorchFunctionVT, UserFunctionVT
+from kiln.capture.variables.base import VT, ConstantVT, LazyVT, NotConstant, NullVT
+from kiln.capture.variables.builtins import BuiltinVT, SpecialVT
+from kiln.capture.variables.containers import BoundBuiltinMethod, DictVT, ListVT, SliceVT, TupleVT
+from kiln.capture.variables.functions import BoundMethodVT, TorchFunctionVT, UserFunctionVT
 from kiln.capture.variables.nn_module import ModuleVT
-from kiln.capture.variables.objects import ClassVT, NewObjectVT, PythonModuleVT, UserObjectVT
-from kiln.capture.variables.tensor import TensorVT
+from kiln.capture.variables.objects import (AutocastVT, ClassVT, GradModeVT, NewObjectVT,
+                                            PythonModuleVT, UserObjectVT)
+from kiln.capture.variables.tensor import TensorMethodVT, TensorVT
 
 if TYPE_CHECKING:
+    from kiln.capture.convert import CompileSettings
     from kiln.capture.output_graph import OutputGraph
+    from kiln.capture.translator import Translator
 
-__all__ = ["EntryCode", "build_entry_code", "new_object"]
+__all__ = ["EntryCode", "build_entry_code", "build_break_entry_code", "new_object"]
 
 
 def new_object(cls: type, attrs: dict[str, Any]) -> Any:
@@ -39,11 +47,10 @@ class EntryCode:
     """Lines of an entry function body, plus the graph module and whether it must be called."""
 
     def __init__(self, body: list[str], gm: torch.fx.GraphModule | None,
-                 example_inputs: list[torch.Tensor], graph_ref: str | None) -> None:
+                 example_inputs: list[torch.Tensor]) -> None:
         self.body = body
         self.gm = gm
         self.example_inputs = example_inputs
-        self.graph_ref = graph_ref
 
 
 class _Rebuilder:
@@ -77,7 +84,7 @@ class _Rebuilder:
             attrs = self._dict_literal(DictVT(vt.attrs))
             return f"{self.consts.ref(new_object)}({self.consts.ref(vt.cls)}, {attrs})"
         if isinstance(vt, (ModuleVT, UserObjectVT, PythonModuleVT, ClassVT, UserFunctionVT,
-                           TorchFunctionVT)) or vt.is_constant():
+                           TorchFunctionVT, BuiltinVT, SpecialVT)) or vt.is_constant():
             if vt.source is not None:
                 return vt.source.expr()
             return self.consts.ref(vt.as_constant())
@@ -136,13 +143,110 @@ def build_entry_code(output: OutputGraph, result: VT) -> EntryCode:
     rebuild = _Rebuilder(output)
     effects = rebuild.side_effect_lines()
     result_expr = rebuild.expr(result)
-    graph = output.graph
-    has_work = output.call_count() > 0
-    if not has_work:
-        return EntryCode([*effects, f"return {result_expr}"], None, [], None)
-    graph.output(tuple(rebuild.outputs))
-    gm = torch.fx.GraphModule(torch.nn.Module(), graph, class_name="CapturedGraph")
-    graph_ref = "__graph"
+    return _finish(output, rebuild, [*effects, f"return {result_expr}"])
+
+
+def _finish(output: OutputGraph, rebuild: _Rebuilder, tail: list[str]) -> EntryCode:
+    """Close the graph over the values `tail` reads and put the graph call in front of it."""
+    if output.call_count() == 0:
+        return EntryCode(tail, None, [])
+    output.graph.output(tuple(rebuild.outputs))
+    gm = torch.fx.GraphModule(torch.nn.Module(), output.graph, class_name="CapturedGraph")
     args = ", ".join(inp.source.expr() for inp in output.inputs)
-    body = [f"__o = {graph_ref}({args})", *effects, f"return {result_expr}"]
-    return EntryCode(body, gm, [inp.example for inp in output.inputs], graph_ref)
+    return EntryCode([f"__o = __graph({args})", *tail], gm,
+                     [inp.example for inp in output.inputs])
+
+
+def build_break_entry_code(output: OutputGraph, tx: Translator, fn: types.FunctionType,
+                           settings: CompileSettings) -> EntryCode:
+    """The entry for a graph break before instruction `tx.break_at` of the compiled frame: run
+    the graph, replay side effects, run that instruction natively inside the active `with`
+    blocks, and continue in the compiled resume function(s)."""
+    inst = tx.instructions[tx.break_at]
+    withs = [v.ctx for v in tx.stack if isinstance(v, WithExitVT)]
+    for ctx in reversed(withs):  # the graph leaves every `with` block it is inside
+        ctx.exit(tx)
+    rebuild = _Rebuilder(output)
+    lines = rebuild.side_effect_lines()
+    live = tuple(n for n in tx.code.co_varnames if n in tx.locals
+                 and not isinstance(tx.locals[n], NullVT) and not n.startswith(STACK_PREFIX))
+    live_exprs = [rebuild.expr(tx.locals[n]) for n in live]
+
+    def resume_call(target: int, stack: list[VT], extra: list[str]) -> str:
+        slots = tuple(_slot(v) for v in stack) + ("value",) * len(extra)
+        layout = ResumeLayout(tx.code, target, slots, live)
+        resume = resume_function(fn, layout, settings)
+        values = [rebuild.expr(v) for v, slot in zip(stack, slots) if slot == "value"]
+        args = ", ".join([*live_exprs, *values, *extra])
+        return f"{rebuild.consts.ref(resume)}({args})"
+
+    if inst.opname == "CALL":
+        nargs, kwnames = inst.argval
+        below = tx.stack[:len(tx.stack) - nargs - 2]
+        call = _native_call(rebuild, tx.stack[len(below):], kwnames, settings)
+        lines.extend(_inside_withs(rebuild, withs, f"__r = {call}"))
+        lines.append(f"return {resume_call(tx.break_at + 1, below, ['__r'])}")
+    else:
+        cond, below = tx.stack[-1], tx.stack[:-1]
+        test = _BRANCH_TESTS[inst.opname].format(rebuild.expr(cond))
+        lines.append(f"if {test}:")
+        lines.append(f"    return {resume_call(inst.target.index, below, [])}")
+        lines.append(f"return {resume_call(tx.break_at + 1, below, [])}")
+    return _finish(output, rebuild, lines)
+
+
+_BRANCH_TESTS = {"POP_JUMP_IF_TRUE": "{}", "POP_JUMP_IF_FALSE": "not {}",
+                 "POP_JUMP_IF_NONE": "{} is None", "POP_JUMP_IF_NOT_NONE": "{} is not None"}
+
+
+def _slot(vt: VT) -> Any:
+    if isinstance(vt, NullVT):
+        return "null"
+    if isinstance(vt, WithExitVT):
+        return ("with", *_context_factory(vt.ctx))
+    return "value"
+
+
+def _context_factory(ctx: VT) -> tuple[str, tuple]:
+    if isinstance(ctx, GradModeVT):
+        return "grad", (ctx.enabled,)
+    if isinstance(ctx, AutocastVT):
+        return "autocast", (ctx.device, ctx.dtype, ctx.enabled, ctx.cache)
+    unsupported("break-in-context", f"a graph break inside `with {ctx.describe()}` cannot "
+                "re-enter that context", hint="move the unsupported code out of the with block")
+
+
+def _inside_withs(rebuild: _Rebuilder, withs: list[VT], line: str) -> list[str]:
+    lines = []
+    for depth, ctx in enumerate(withs):
+        key, args = _context_factory(ctx)
+        factory = rebuild.consts.ref(CONTEXT_FACTORIES[key])
+        lines.append("    " * depth + f"with {factory}(*{rebuild.consts.ref(args)}):")
+    lines.append("    " * len(withs) + line)
+    return lines
+
+
+def _native_call(rebuild: _Rebuilder, operands: list[VT], kwnames: tuple[str, ...],
+                 settings: CompileSettings) -> str:
+    first, second, *args = operands
+    callee, args = (second, args) if isinstance(first, NullVT) else (first, [second, *args])
+    npos = len(args) - len(kwnames)
+    parts = [rebuild.expr(a) for a in args[:npos]]
+    parts += [f"{k}={rebuild.expr(v)}" for k, v in zip(kwnames, args[npos:])]
+    return f"{_callee_expr(rebuild, callee, settings)}({', '.join(parts)})"
+
+
+def _callee_expr(rebuild: _Rebuilder, callee: VT, settings: CompileSettings) -> str:
+    """The callable at a break, routed through kiln when it is user code (it gets its own
+    graphs, and its own breaks)."""
+    if isinstance(callee, BoundMethodVT):
+        fn = _callee_expr(rebuild, callee.fn, settings)
+        return f"{fn}.__get__({rebuild.expr(callee.self_vt)})"
+    if isinstance(callee, (TensorMethodVT, BoundBuiltinMethod)):
+        owner = callee.tensor if isinstance(callee, TensorMethodVT) else callee.owner
+        return f"{rebuild.expr(owner)}.{callee.name}"
+    try:
+        value = callee.as_constant()
+    except NotConstant:
+        return rebuild.expr(callee)
+    return rebuild.consts.ref(route(value, settings))

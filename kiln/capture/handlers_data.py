@@ -5,6 +5,7 @@ Each function is named after the canonical opcode it handles (see `bytecode/deco
 from __future__ import annotations
 
 import operator
+import types
 from typing import TYPE_CHECKING
 
 from kiln.capture.unsupported import unsupported
@@ -68,8 +69,8 @@ def SWAP(tx: Translator, inst: Instr) -> None:
 def LOAD_CONST(tx: Translator, inst: Instr) -> None:
     from kiln.capture.variables.builder import wrap_derived
     value = inst.argval
-    tx.push(ConstantVT(value) if not isinstance(value, (tuple, frozenset)) else
-            wrap_derived(tx, value))
+    simple = isinstance(value, (types.CodeType, str, int, float, bool, type(None), bytes))
+    tx.push(ConstantVT(value) if simple else wrap_derived(tx, value))
 
 
 def LOAD_FAST(tx: Translator, inst: Instr) -> None:

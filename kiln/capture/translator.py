@@ -22,13 +22,17 @@ if TYPE_CHECKING:
     from kiln.capture.bytecode import Instr
     from kiln.capture.output_graph import OutputGraph
 
-__all__ = ["Translator", "HANDLERS"]
+__all__ = ["Translator", "HANDLERS", "StopAtBreak"]
 
 _log = logging.getLogger("kiln.capture")
 
 MAX_STEPS = 500_000
 MAX_INLINE_DEPTH = 64
 HANDLERS: dict[str, Any] = {}
+
+
+class StopAtBreak(Exception):
+    """The root frame reached the instruction chosen as a graph break (state is left intact)."""
 
 
 class Translator:
@@ -51,6 +55,7 @@ class Translator:
         self.result: VT | None = None
         self.yields: list[VT] | None = None
         self.steps = 0
+        self.break_at: int | None = None  # root only: stop before this instruction (a break)
 
     # -- running -------------------------------------------------------------------------------
     def run(self) -> VT:
@@ -61,6 +66,10 @@ class Translator:
                 self.step()
         except Unsupported as err:
             err.frames.append(self.location())
+            if self.parent is None:
+                err.root_index = self.inst.index
+            raise
+        except StopAtBreak:
             raise
         except Exception as err:  # a kiln bug: never crash the user's program over it
             _log.debug("internal error while capturing", exc_info=True)
@@ -69,12 +78,16 @@ class Translator:
                                   hints=("this is a kiln bug; please report it with "
                                          "KILN_LOGS=graph_breaks output",))
             wrapped.frames.append(self.location())
+            if self.parent is None:
+                wrapped.root_index = self.inst.index
             raise wrapped from err
         finally:
             self.output.current_tx = previous
         return self.result
 
     def step(self) -> None:
+        if self.ip == self.break_at:
+            raise StopAtBreak()
         inst = self.instructions[self.ip]
         self.ip += 1
         self.inst = inst

@@ -22,6 +22,7 @@ class Unsupported(Exception):
         self.category = category
         self.hints = hints
         self.frames: list[UserLocation] = []  # innermost first, filled while unwinding
+        self.root_index: int | None = None  # the compiled frame's instruction it stopped at
 
 
 def unsupported(code: str, message: str, *, category: Category = "not-supported-yet",

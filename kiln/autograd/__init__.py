@@ -1,0 +1,59 @@
+"""autograd: torch-level FX graph -> functional ATen graphs + an autograd.Function runtime.
+
+Input: a captured GraphModule (placeholders with fake `meta["val"]` and `meta["source"]`, user
+lines on call nodes) and example inputs. Output: a callable with the captured graph's signature.
+
+Steps (`aot_compile`):
+    trace_raw           stage 1: ATen trace on fake tensors; training calls autograd.grad inside
+                        the trace, so forward and backward land in one raw joint graph
+    functionalize_raw   stage 2: replay under torch.func.functionalize with the decomposition
+                        policy; input mutations become extra outputs -> JointGraph
+    joint_passes        the backend's passes on the JointGraph
+    partition_joint     forward graph + backward graph (min-cut by default)
+    CompiledGraph       autograd.Function runtime; backward compiled on first use; mutations
+                        written back; outputs aliasing inputs rebuilt as views
+
+Invariants: the graphs handed to compilers are functional ATen graphs that follow
+`decompositions.py`; every node has meta["val"]; random ops are never recomputed; gradients are
+never wrong: what the stage cannot support (a mutated input requiring grad, mutated inputs
+sharing memory) runs eagerly with the reason logged.
+
+Never: calls torch's AOTAutograd, supports double backward, or imports private torch APIs outside
+`_compat.py`.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+
+from kiln.autograd.runtime import (CompiledGraph, Compilers, DoubleBackwardError,
+                                   identity_compiler)
+from kiln.autograd.trace import (AutogradUnsupported, JointGraph, OutputInfo, TensorSpec,
+                                 trace_inference, trace_joint)
+
+__all__ = [
+    "AutogradUnsupported",
+    "CompiledGraph",
+    "Compilers",
+    "DoubleBackwardError",
+    "JointGraph",
+    "OutputInfo",
+    "TensorSpec",
+    "aot_compile",
+    "identity_compiler",
+    "trace_inference",
+    "trace_joint",
+]
+
+
+def aot_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
+                fw_compiler: Callable = identity_compiler,
+                bw_compiler: Callable = identity_compiler,
+                inference_compiler: Callable | None = None,
+                joint_passes: Sequence[Callable[[JointGraph], JointGraph]] = (),
+                partition_policy: str = "min_cut") -> CompiledGraph:
+    """Compile a captured graph through the autograd stage; see the module docstring."""
+    compilers = Compilers(fw_compiler, bw_compiler, inference_compiler, tuple(joint_passes),
+                          partition_policy)
+    return CompiledGraph(gm, list(example_inputs), compilers)

@@ -1,0 +1,153 @@
+"""functionalize: stage 2 of the joint trace — the raw (mutating) joint becomes a JointGraph.
+
+The raw joint from stage 1 is replayed under the public `torch.func.functionalize` with the
+tracer below it: the C++ functionalization layer sits above the Python dispatch key, so the tracer
+records out-of-place ops only, and it applies the decomposition policy as it records. Mutations
+of graph inputs come out of functionalization as trailing `copy_(input, new_value)`; the tracer
+turns each into an extra forward output (the runtime writes it back after the call).
+
+Then: dead code is removed (random ops survive under eager RNG), every node is tagged with its
+phase, and the graph is checked — no op may mutate, every node has meta["val"].
+
+Refused (AutogradUnsupported, the backend runs the graph eagerly): an input mutated while it
+shares memory with another input (functionalization would see two unrelated tensors).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.fx
+
+from kiln.autograd import _compat
+from kiln.autograd.rng import eager_rng, is_random
+from kiln.autograd.trace import (PROVENANCE_KEYS, ATenTracer, AutogradUnsupported, JointGraph,
+                                 RawTrace, mutated_arg_positions)
+from kiln.errors import InternalError
+
+__all__ = ["functionalize_raw", "check_functional", "tag_phases", "eliminate_dead_code"]
+
+
+def functionalize_raw(raw: RawTrace, decompositions: dict) -> JointGraph:
+    """Stage 2: the functional, decomposed JointGraph of a raw joint."""
+    fake_mode = raw.fake_mode
+    tracer = ATenTracer(fake_mode, decompositions)
+    with fake_mode:
+        primals = [p.detach() if isinstance(p, torch.Tensor) else p for p in raw.primals]
+        tangents = [t.detach() for t in raw.tangents]
+    for i, primal in enumerate(primals):
+        if isinstance(primal, torch.Tensor):
+            tracer.placeholder(f"primals_{i}", primal)
+    for j, tangent in enumerate(tangents):
+        tracer.placeholder(f"tangents_{j}", tangent)
+    constants = {name: tracer.constant(value) for name, value in raw.constants.items()}
+    updates = _InputUpdates(tracer, primals)
+    tracer.on_input_copy = updates
+    names = list(constants)
+
+    def replay(*args: Any) -> Any:
+        n = len(primals) + len(tangents)
+        attrs = dict(zip(names, args[n:]))
+        return _ReplayRaw(raw.gm, tracer, attrs).run(*args[:n])
+
+    functional = torch.func.functionalize(replay, remove="mutations")
+    with fake_mode, tracer, torch.no_grad():
+        outs = functional(*primals, *tangents, *constants.values())
+    _refuse_aliased_mutations(updates.values, primals)
+    mutated = tuple(sorted(updates.values))
+    fw_values = [updates.values[i] for i in mutated]
+    result_nodes = tracer.to_nodes(tuple(outs))
+    num_outs = sum(1 for info in raw.outputs if info.kind != "constant")
+    out_node = tracer.graph.output((*fw_values, *result_nodes))
+    out_node.meta["val"] = tuple(n.meta["val"] if isinstance(n, torch.fx.Node) else n
+                                 for n in out_node.args[0])
+    gm = tracer.graph_module()
+    eliminate_dead_code(gm.graph, keep_random=eager_rng())
+    tag_phases(gm.graph)
+    check_functional(gm)
+    gm.recompile()
+    return JointGraph(
+        gm=gm, num_fw_outputs=len(fw_values) + num_outs, num_primals=len(primals),
+        num_tangents=len(tangents), primals_requiring_grad=list(raw.requires_grad),
+        training=raw.training, mutated_inputs=mutated, outputs=raw.outputs,
+        tangent_specs=raw.tangent_specs, output_spec=raw.output_spec,
+        input_sources=raw.input_sources, lifted_attrs=raw.lifted_attrs)
+
+
+class _InputUpdates:
+    """The tracer's hook for `copy_`: a copy into a primal is an input mutation; its new value
+    becomes a forward output instead of an op in the graph."""
+
+    def __init__(self, tracer: ATenTracer, primals: list) -> None:
+        self.tracer = tracer
+        self.index = {id(p): i for i, p in enumerate(primals) if isinstance(p, torch.Tensor)}
+        self.values: dict[int, torch.fx.Node] = {}
+
+    def __call__(self, dst: torch.Tensor, src: torch.Tensor) -> bool:
+        i = self.index.get(id(dst))
+        if i is None:
+            return False
+        if src.dtype != dst.dtype or src.shape != dst.shape:
+            with self.tracer:
+                src = src.to(dst.dtype).expand(dst.shape)
+        self.values[i] = self.tracer.to_nodes(src)
+        return True
+
+
+class _ReplayRaw(torch.fx.Interpreter):
+    """Replays the raw joint; get_attr reads the (functionalized) constants passed in."""
+
+    def __init__(self, gm: torch.fx.GraphModule, tracer: ATenTracer,
+                 attrs: dict[str, Any]) -> None:
+        super().__init__(gm, garbage_collect_values=True)
+        self.tracer = tracer
+        self.attrs = attrs
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        self.tracer.provenance = {k: n.meta[k] for k in PROVENANCE_KEYS if k in n.meta}
+        return super().run_node(n)
+
+    def get_attr(self, target: Any, args: tuple, kwargs: dict) -> Any:
+        return self.attrs[target]
+
+
+def _refuse_aliased_mutations(updates: dict[int, Any], primals: list) -> None:
+    keys = {i: _compat.storage_key(p) for i, p in enumerate(primals)
+            if isinstance(p, torch.Tensor)}
+    for i in updates:
+        others = [j for j, key in keys.items() if j != i and key == keys[i]]
+        if others:
+            raise AutogradUnsupported(
+                f"input primals_{i} is mutated in place and shares memory with input "
+                f"primals_{others[0]}",
+                hint="the graph runs eagerly instead; pass separate tensors, or clone one")
+
+
+def eliminate_dead_code(graph: torch.fx.Graph, *, keep_random: bool) -> None:
+    """Remove nodes nothing uses (random ops stay when `keep_random`: they advance the
+    generator). The graph is functional by now, so no other node has a side effect."""
+    for node in reversed(list(graph.nodes)):
+        if node.op in ("placeholder", "output") or node.users:
+            continue
+        if keep_random and is_random(node.target):
+            continue
+        graph.erase_node(node)
+
+
+def tag_phases(graph: torch.fx.Graph) -> None:
+    """meta["phase"]: "backward" for tangents and every node that depends on one."""
+    for node in graph.nodes:
+        backward = (node.op == "placeholder" and node.name.startswith("tangents_")) or any(
+            arg.meta.get("phase") == "backward" for arg in node.all_input_nodes)
+        node.meta["phase"] = "backward" if backward else "forward"
+
+
+def check_functional(gm: torch.fx.GraphModule) -> None:
+    """No node mutates and every node carries meta["val"] (an internal invariant)."""
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) \
+                and mutated_arg_positions(node.target):
+            raise InternalError(f"the functional graph still mutates: {node.format_node()}",
+                                stage="autograd")
+        if node.op != "output" and "val" not in node.meta:
+            raise InternalError(f"node {node.name} has no meta['val']", stage="autograd")

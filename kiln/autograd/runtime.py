@@ -1,0 +1,303 @@
+"""runtime: compiled forward/backward graphs -> the callable a backend returns.
+
+`CompiledGraph` is called like the captured graph. Per call it picks a variant — training (grad
+mode on and some input requires grad) or inference — keyed by which inputs require grad, traces
+and compiles that variant the first time, and runs it:
+
+- training: one `torch.autograd.Function` per compiled graph. Its forward runs the compiled
+  forward graph and saves what the partition chose; its backward coerces the incoming gradients
+  to the traced tangent layouts (zeros for None), compiles the backward graph on first use and
+  runs it. `retain_graph=True` works; a backward under `create_graph=True` raises.
+- inference: the compiled forward-only graph, without autograd.
+
+Then the epilogue, outside autograd.Function: new values of mutated inputs are written back into
+the inputs, outputs that alias inputs are rebuilt as views of the real inputs, and the captured
+graph's output structure is restored.
+
+A variant the autograd stage refuses (AutogradUnsupported), and a call whose mutated inputs share
+memory with another input, run the captured graph eagerly instead, with the reason logged.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import time
+from typing import Any, Callable
+
+import torch
+import torch.fx
+
+from kiln.autograd import _compat
+from kiln.autograd.trace import (AutogradUnsupported, JointGraph, OutputInfo, TensorSpec,
+                                 lifted_attributes, trace_inference, trace_joint)
+from kiln.errors import KilnError
+from kiln.logs import artifact_enabled, artifact_logger, warn_once
+
+__all__ = ["Compilers", "CompiledGraph", "DoubleBackwardError", "identity_compiler"]
+
+log = logging.getLogger("kiln.autograd")
+
+Compiler = Callable[[torch.fx.GraphModule, list], Callable[..., Any]]
+JointPass = Callable[[JointGraph], JointGraph]
+
+
+def identity_compiler(gm: torch.fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
+    """Run the graph as torch code (the "aot_eager" compilers)."""
+    return gm
+
+
+@dataclasses.dataclass(frozen=True)
+class Compilers:
+    """What a backend plugs into the autograd stage.
+
+    fw_compiler / bw_compiler: `(gm, example fake inputs) -> callable` for the partitioned
+    forward and backward graphs; inference_compiler for the forward-only graph (default: the
+    fw_compiler). joint_passes run in order on every JointGraph before partitioning.
+    partition_policy: "min_cut" or "default"."""
+
+    fw_compiler: Compiler = identity_compiler
+    bw_compiler: Compiler = identity_compiler
+    inference_compiler: Compiler | None = None
+    joint_passes: tuple[JointPass, ...] = ()
+    partition_policy: str = "min_cut"
+
+
+class DoubleBackwardError(KilnError):
+    stage = "autograd"
+
+
+class CompiledGraph:
+    """The callable for one captured graph (see the module docstring)."""
+
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs: list,
+                 compilers: Compilers) -> None:
+        self.gm = gm
+        self.compilers = compilers
+        self.lifted = [name for name, _ in lifted_attributes(gm)]
+        self.variants: dict[tuple, Callable[[list], Any]] = {}
+        self.variant_for(self._full_args(list(example_inputs)))  # compile errors surface now
+
+    def __call__(self, *args: Any) -> Any:
+        full = self._full_args(list(args))
+        return self.variant_for(full)(full)
+
+    def _full_args(self, args: list) -> list:
+        if not self.lifted:
+            return args
+        return [*args, *(_fetch(self.gm, name) for name in self.lifted)]
+
+    def variant_for(self, args: list) -> Callable[[list], Any]:
+        requires = tuple(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+        training = torch.is_grad_enabled() and any(requires)
+        key = (training, requires if training else ())
+        variant = self.variants.get(key)
+        if variant is None:
+            variant = self.variants[key] = self._compile(args, training)
+        return variant
+
+    def _compile(self, args: list, training: bool) -> Callable[[list], Any]:
+        start = time.perf_counter()
+        user_args = args[:len(args) - len(self.lifted)]
+        try:
+            trace = trace_joint if training else trace_inference
+            joint = trace(self.gm, user_args)
+        except AutogradUnsupported as err:
+            warn_once(("autograd-refused", id(self.gm), str(err)),
+                      f"kiln: the autograd stage refused a graph; running it eagerly. {err}",
+                      log)
+            return _EagerVariant(self.gm, len(user_args))
+        for joint_pass in self.compilers.joint_passes:
+            joint = joint_pass(joint)
+        variant = (_TrainingVariant(joint, self.compilers, self.gm) if joint.training
+                   else _InferenceVariant(joint, self.compilers, self.gm))
+        log.debug("compiled %s variant in %.3f s", "training" if joint.training else "inference",
+                  time.perf_counter() - start)
+        return variant
+
+
+def _fetch(root: torch.nn.Module, dotted: str) -> Any:
+    return functools.reduce(getattr, dotted.split("."), root)
+
+
+def _fake_args(gm: torch.fx.GraphModule) -> list:
+    return [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+
+
+class _EagerVariant:
+    """The captured graph itself, for graphs the autograd stage refused."""
+
+    def __init__(self, gm: torch.fx.GraphModule, num_user_args: int) -> None:
+        self.gm = gm
+        self.num_user_args = num_user_args
+
+    def __call__(self, args: list) -> Any:
+        return self.gm(*args[:self.num_user_args])
+
+
+class _Variant:
+    """What training and inference share: the aliasing check and the epilogue."""
+
+    def __init__(self, joint: JointGraph, gm: torch.fx.GraphModule) -> None:
+        self.joint = joint
+        self.eager = _EagerVariant(gm, joint.num_primals - len(joint.lifted_attrs))
+
+    def aliases_mutated_input(self, args: list) -> bool:
+        """Mutated inputs must not share memory with other inputs (it was so at trace time;
+        nothing guards it between calls)."""
+        if not self.joint.mutated_inputs:
+            return False
+        keys = [_compat.storage_key(a) if isinstance(a, torch.Tensor) else None for a in args]
+        for i in self.joint.mutated_inputs:
+            if any(j != i and keys[j] == keys[i] for j in range(len(args))):
+                warn_once(("autograd-alias", id(self)),
+                          f"kiln: mutated input {self.joint.input_sources[i]} shares memory with "
+                          "another input at this call; running the graph eagerly", log)
+                return True
+        return False
+
+    def epilogue(self, args: list, fw_outs: tuple) -> Any:
+        joint = self.joint
+        mutated = joint.mutated_inputs
+        with torch.no_grad():
+            for i, value in zip(mutated, fw_outs):
+                if args[i] is not value:
+                    args[i].copy_(value)
+        flat: list[Any] = []
+        position = len(mutated)
+        for info in joint.outputs:
+            flat.append(_output_value(info, args, fw_outs, position, flat))
+            if info.kind != "constant":
+                position += 1
+        return _compat.tree_unflatten(flat, joint.output_spec)
+
+
+def _output_value(info: OutputInfo, args: list, fw_outs: tuple, position: int,
+                  flat: list) -> Any:
+    if info.kind == "tensor":
+        return fw_outs[position]
+    if info.kind == "input":
+        return args[info.index]
+    if info.kind == "input_view":
+        view = info.view
+        return args[info.index].as_strided(view.shape, view.stride, view.storage_offset)
+    if info.kind == "duplicate":
+        return flat[info.index]
+    return info.value
+
+
+class _InferenceVariant(_Variant):
+    def __init__(self, joint: JointGraph, compilers: Compilers,
+                 gm: torch.fx.GraphModule) -> None:
+        super().__init__(joint, gm)
+        compiler = compilers.inference_compiler or compilers.fw_compiler
+        _log_graph("inference", joint.gm)
+        self.fn = compiler(joint.gm, _fake_args(joint.gm))
+
+    def __call__(self, args: list) -> Any:
+        if self.aliases_mutated_input(args):
+            return self.eager(args)
+        with torch.no_grad():
+            outs = self.fn(*args)
+        return self.epilogue(args, tuple(outs))
+
+
+class _TrainingVariant(_Variant):
+    def __init__(self, joint: JointGraph, compilers: Compilers,
+                 gm: torch.fx.GraphModule) -> None:
+        from kiln.autograd.partition import partition_joint
+
+        super().__init__(joint, gm)
+        _log_graph("joint", joint.gm)
+        self.partition = partition_joint(joint, policy=compilers.partition_policy)
+        _log_graph("forward", self.partition.fw_gm)
+        if artifact_enabled("aot_graphs"):
+            artifact_logger("aot_graphs").info("saved for backward:\n%s",
+                                               self.partition.report())
+        self.compilers = compilers
+        self.fw = compilers.fw_compiler(self.partition.fw_gm, _fake_args(self.partition.fw_gm))
+        self.bw: Callable[..., Any] | None = None
+        self.function = _make_function(self)
+        self.num_fw = joint.num_fw_outputs
+        self.returned = [info.kind == "tensor" for info in joint.outputs
+                         if info.kind != "constant"]
+        self.differentiable = [info.kind == "tensor" and info.requires_grad
+                               for info in joint.outputs if info.kind != "constant"]
+        self.tangent_slots = [len(joint.mutated_inputs) + k
+                              for k, info in enumerate(i for i in joint.outputs
+                                                       if i.kind != "constant")
+                              if info.tangent is not None]
+
+    def __call__(self, args: list) -> Any:
+        if self.aliases_mutated_input(args):
+            return self.eager(args)
+        return self.epilogue(args, self.function.apply(*args))
+
+    # -- autograd.Function bodies --------------------------------------------------------------
+    def forward(self, ctx: Any, args: tuple) -> tuple:
+        results = tuple(self.fw(*args))
+        outs, saved = results[:self.num_fw], results[self.num_fw:]
+        mutated = {id(args[i]) for i in self.joint.mutated_inputs}
+        saved = tuple(s.clone() if isinstance(s, torch.Tensor) and id(s) in mutated else s
+                      for s in saved)  # the epilogue overwrites mutated inputs
+        ctx.tensor_slots = [isinstance(s, torch.Tensor) for s in saved]
+        ctx.others = [s for s in saved if not isinstance(s, torch.Tensor)]
+        ctx.save_for_backward(*(s for s in saved if isinstance(s, torch.Tensor)))
+        ctx.set_materialize_grads(False)
+        num_mutated = len(self.joint.mutated_inputs)
+        returned = [*outs[:num_mutated],
+                    *(o if keep else None for o, keep in zip(outs[num_mutated:], self.returned))]
+        frozen = [o for o, diff in zip(returned, [False] * num_mutated + self.differentiable)
+                  if isinstance(o, torch.Tensor) and not diff]
+        if frozen:
+            ctx.mark_non_differentiable(*frozen)
+        return tuple(returned)
+
+    def backward(self, ctx: Any, grads: tuple) -> tuple:
+        if torch.is_grad_enabled():
+            raise DoubleBackwardError(
+                "double backward (create_graph=True) through a compiled graph is not supported",
+                hint="call backward without create_graph, or run this code without kiln")
+        tangents = [_coerce(grads[slot], spec)
+                    for slot, spec in zip(self.tangent_slots, self.joint.tangent_specs)]
+        tensors, others = iter(ctx.saved_tensors), iter(ctx.others)
+        saved = [next(tensors) if is_tensor else next(others) for is_tensor in ctx.tensor_slots]
+        if self.bw is None:
+            bw_gm = self.partition.bw_gm
+            _log_graph("backward", bw_gm)
+            self.bw = self.compilers.bw_compiler(bw_gm, _fake_args(bw_gm))
+        return tuple(self.bw(*saved, *tangents))
+
+
+def _make_function(variant: _TrainingVariant) -> type:
+    class CompiledFunction(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, *args: Any) -> Any:
+            return variant.forward(ctx, args)
+
+        @staticmethod
+        def backward(ctx: Any, *grads: Any) -> Any:
+            return variant.backward(ctx, grads)
+
+    return CompiledFunction
+
+
+def _coerce(grad: torch.Tensor | None, spec: TensorSpec) -> torch.Tensor:
+    """The incoming gradient in the layout the backward graph was traced with (zeros for None,
+    a dense copy of an expanded or differently strided gradient)."""
+    if grad is None:
+        return torch.empty_strided(spec.shape, spec.stride, dtype=spec.dtype,
+                                   device=spec.device).zero_()
+    if grad.dtype != spec.dtype:
+        grad = grad.to(spec.dtype)
+    if any(size != 1 and have != want
+           for size, have, want in zip(spec.shape, grad.stride(), spec.stride)):
+        grad = torch.empty_strided(spec.shape, spec.stride, dtype=spec.dtype,
+                                   device=spec.device).copy_(grad)
+    return grad
+
+
+def _log_graph(kind: str, gm: torch.fx.GraphModule) -> None:
+    if artifact_enabled("aot_graphs"):
+        artifact_logger("aot_graphs").info("%s graph:\n%s", kind,
+                                           gm.print_readable(print_output=False))

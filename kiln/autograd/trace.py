@@ -1,0 +1,588 @@
+"""trace: the ATen tracer and stage 1 of the joint trace.
+
+`ATenTracer` is a TorchDispatchMode stacked over a FakeTensorMode: every ATen op that reaches it
+is run on fake tensors (so real devices, shapes and strides are known, no data is touched) and
+recorded as a node of an FX graph. Stage 1 replays the captured torch-level graph under it and,
+for training, calls `torch.autograd.grad` inside the trace, so the backward's ATen ops land in the
+same graph: the *raw joint*, which still mutates. Stage 2 (`functionalize.py`) re-traces the raw
+joint into the functional `JointGraph` the partitioner and the runtime consume.
+
+Never: raises from the dispatch handler on metadata queries (a C++ caller can abort the process),
+traces on plain meta tensors (factories inside real modules then disagree about devices), or
+calls into torch's AOTAutograd.
+"""
+from __future__ import annotations
+
+import dataclasses
+import operator
+from typing import Any, Callable
+
+import torch
+import torch.fx
+
+from kiln.autograd import _compat
+from kiln.autograd.decompositions import keeps
+from kiln.errors import KilnError
+
+__all__ = [
+    "ATenTracer",
+    "AutogradUnsupported",
+    "JointGraph",
+    "OutputInfo",
+    "TensorSpec",
+    "trace_inference",
+    "trace_joint",
+]
+
+PROVENANCE_KEYS = ("user_location", "stack_trace")
+
+
+class AutogradUnsupported(KilnError):
+    """A graph the autograd stage refuses (the backend then runs it eagerly, never wrongly)."""
+
+    stage = "autograd"
+
+
+# -- records ---------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    """Shape, strides, storage offset, dtype and device of a traced tensor."""
+
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+    storage_offset: int = 0
+
+    @classmethod
+    def of(cls, t: torch.Tensor) -> TensorSpec:
+        return cls(tuple(t.shape), tuple(t.stride()), t.dtype, t.device, t.storage_offset())
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputInfo:
+    """One flattened output of the captured graph.
+
+    kind: "tensor" (computed by the graph), "input" (is primal `index` itself), "input_view"
+    (aliases primal `index`; the runtime regenerates it from the input with `view`'s geometry),
+    "duplicate" (the same tensor as output `index`), "constant" (a Python value, `value`).
+    `requires_grad`: autograd sees it as differentiable; `tangent`: its tangent index in the joint
+    graph, or None."""
+
+    kind: str
+    requires_grad: bool = False
+    index: int | None = None
+    view: TensorSpec | None = None
+    tangent: int | None = None
+    value: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class JointGraph:
+    """A functional ATen graph of forward and backward together (or of the forward alone, when
+    `training` is False).
+
+    gm: placeholders `primals_<i>` (every captured-graph input, in order, then parameters and
+    buffers the graph read as attributes, named in `lifted_attrs`) then `tangents_<j>`; one output
+    node returning `(*forward_outputs, *input_grads)` (inference: `(*forward_outputs,)`).
+    forward_outputs = `(*new values of mutated_inputs, *one per tensor entry of outputs)`;
+    input_grads[i] is the gradient of primals_i or None. Every node has meta["val"] (FakeTensor or
+    Python value), meta["phase"] ("forward", or "backward" when it depends on a tangent) and
+    meta["user_location"] where the capture graph knew it. No op in gm mutates.
+
+    outputs: one OutputInfo per flattened captured-graph output (`output_spec` rebuilds the
+    structure); tangent_specs: the layout each tangent was traced with (the runtime coerces the
+    incoming gradients to it)."""
+
+    gm: torch.fx.GraphModule
+    num_fw_outputs: int
+    num_primals: int
+    num_tangents: int
+    primals_requiring_grad: list[bool]
+    training: bool = True
+    mutated_inputs: tuple[int, ...] = ()
+    outputs: tuple[OutputInfo, ...] = ()
+    tangent_specs: tuple[TensorSpec, ...] = ()
+    output_spec: Any = None
+    input_sources: tuple[str | None, ...] = ()
+    lifted_attrs: tuple[str, ...] = ()
+
+    @property
+    def num_user_outputs(self) -> int:
+        return self.num_fw_outputs - len(self.mutated_inputs)
+
+
+# -- the tracer ------------------------------------------------------------------------------------
+
+_write_args_cache: dict[Any, tuple[int, ...]] = {}
+
+
+def mutated_arg_positions(op: torch._ops.OpOverload) -> tuple[int, ...]:
+    """Positions of the schema arguments `op` writes to (`Tensor(a!)`)."""
+    found = _write_args_cache.get(op)
+    if found is None:
+        found = tuple(i for i, arg in enumerate(op._schema.arguments)
+                      if arg.alias_info is not None and arg.alias_info.is_write)
+        _write_args_cache[op] = found
+    return found
+
+
+def _bound_args(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> list[Any]:
+    values = list(args)
+    for arg in op._schema.arguments[len(args):]:
+        values.append(kwargs.get(arg.name))
+    return values
+
+
+class ATenTracer(_compat.TorchDispatchMode):
+    """Records the ATen ops that reach it into `self.graph` (see the module docstring).
+
+    Tensors are matched to nodes by identity (strong references keep ids unique for the trace);
+    an op that writes to an argument rebinds that tensor to the op's node. `decompositions` maps
+    ops to Python decompositions, applied by re-entering the tracer; CompositeImplicitAutograd ops
+    are expanded the same way. `provenance` is copied onto every new node."""
+
+    def __init__(self, fake_mode: Any, decompositions: dict | None = None) -> None:
+        super().__init__()
+        self.fake_mode = fake_mode
+        self.graph = torch.fx.Graph()
+        self.decompositions = decompositions or {}
+        self.provenance: dict[str, Any] = {}
+        self.constants: dict[str, torch.Tensor] = {}
+        self.paused = False
+        self.on_mutation: Callable[[torch._ops.OpOverload, list], None] | None = None
+        self.on_input_copy: Callable[[torch.Tensor, torch.Tensor], bool] | None = None
+        self.backward_provenance: dict[int, dict[str, Any]] | None = None
+        self._nodes: dict[int, torch.fx.Node] = {}
+        self._alive: list[Any] = []
+
+    # -- tensors and nodes ---------------------------------------------------------------------
+    def bind(self, tensor: torch.Tensor, node: torch.fx.Node) -> None:
+        self._nodes[id(tensor)] = node
+        self._alive.append(tensor)
+
+    def node_of(self, tensor: torch.Tensor) -> torch.fx.Node | None:
+        return self._nodes.get(id(tensor))
+
+    def placeholder(self, name: str, value: torch.Tensor) -> torch.fx.Node:
+        first = next((n for n in self.graph.nodes if n.op != "placeholder"), None)
+        if first is None:
+            node = self.graph.placeholder(name)
+        else:
+            with self.graph.inserting_before(first):
+                node = self.graph.placeholder(name)
+        node.meta["val"] = value
+        self.bind(value, node)
+        return node
+
+    def constant(self, real: torch.Tensor, fake: torch.Tensor | None = None) -> torch.Tensor:
+        """A get_attr node for a real tensor the trace met; returns its fake stand-in."""
+        if fake is None:
+            fake = self.fake_mode.from_tensor(real, static_shapes=True)
+        name = f"_tensor_constant{len(self.constants)}"
+        self.constants[name] = real
+        node = self.graph.get_attr(name)
+        node.meta["val"] = fake
+        node.meta.update(self.provenance)
+        self.bind(fake, node)
+        return fake
+
+    def _arg_node(self, value: torch.Tensor) -> torch.fx.Node:
+        node = self._nodes.get(id(value))
+        if node is not None:
+            return node
+        if not _compat.is_fake(value):
+            return self._nodes[id(self.constant(value))]
+        real = _compat.fake_constant(value)
+        if real is not None:
+            self.constant(real, value)
+            return self._nodes[id(value)]
+        raise RuntimeError(f"kiln.autograd: a {tuple(value.shape)} tensor reached the tracer "
+                           "without a known origin")
+
+    def to_nodes(self, value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return self._arg_node(value)
+        if isinstance(value, (list, tuple)):
+            return type(value)(self.to_nodes(v) for v in value)
+        return value
+
+    # -- dispatch ------------------------------------------------------------------------------
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
+                           kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if self.paused or func.namespace == "prim":  # metadata queries: never record, never raise
+            return func(*args, **kwargs)
+        if self.on_input_copy is not None and func is torch.ops.aten.copy_.default \
+                and self.on_input_copy(args[0], args[1]):
+            return args[0]
+        if not keeps(func):
+            expanded = self._expand(func, args, kwargs)
+            if expanded is not NotImplemented:
+                return expanded
+        out = func(*args, **kwargs)
+        self._record(func, args, kwargs, out)
+        return out
+
+    def _expand(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        decomposition = self.decompositions.get(func)
+        if decomposition is not None:
+            with self:
+                return decomposition(*args, **kwargs)
+        if _compat.has_composite_implicit_kernel(func):
+            with self:
+                return func.decompose(*args, **kwargs)
+        return NotImplemented
+
+    def _record(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        writes = mutated_arg_positions(func)
+        if not writes and not _has_tensor(out):
+            return  # a pure query (sizes, flags): nothing to record
+        if writes and self.on_mutation is not None:
+            self.on_mutation(func, _bound_args(func, args, kwargs))
+        node = self.graph.create_node("call_function", func, self.to_nodes(args),
+                                      self.to_nodes(kwargs), name=func.overloadpacket.__name__)
+        node.meta["val"] = out
+        node.meta.update(self._current_provenance())
+        if isinstance(out, torch.Tensor):
+            self.bind(out, node)
+        elif isinstance(out, (list, tuple)):
+            for i, item in enumerate(out):
+                if isinstance(item, torch.Tensor):
+                    item_node = self.graph.call_function(operator.getitem, (node, i))
+                    item_node.meta.update(node.meta)
+                    item_node.meta["val"] = item
+                    self.bind(item, item_node)
+        for position in writes:  # later uses read the mutated value: order them after this op
+            target = _bound_args(func, args, kwargs)[position]
+            if isinstance(target, torch.Tensor) and target is not out:
+                self.bind(target, node)
+
+    def _current_provenance(self) -> dict[str, Any]:
+        if self.backward_provenance is not None:
+            grad_fn = _compat.current_autograd_node()
+            if grad_fn is not None:
+                found = self.backward_provenance.get(grad_fn._sequence_nr())
+                if found is not None:
+                    return found
+        return self.provenance
+
+    def label_autograd_nodes(self, value: Any) -> None:
+        """Remember the provenance of the autograd nodes that produced `value`, so the backward
+        ops they run later carry the same user line."""
+        if self.backward_provenance is None:
+            return
+        stack = [t.grad_fn for t in _tensors(value) if t.grad_fn is not None]
+        while stack:
+            grad_fn = stack.pop()
+            key = grad_fn._sequence_nr()
+            if key in self.backward_provenance:
+                continue
+            self.backward_provenance[key] = dict(self.provenance)
+            stack.extend(fn for fn, _ in grad_fn.next_functions if fn is not None)
+
+    def graph_module(self) -> torch.fx.GraphModule:
+        root = torch.nn.Module()
+        for name, value in self.constants.items():
+            setattr(root, name, value) if not isinstance(value, torch.nn.Parameter) \
+                else root.register_parameter(name, value)
+        return torch.fx.GraphModule(root, self.graph, class_name="JointGraph")
+
+
+def _has_tensor(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    if isinstance(value, (list, tuple)):
+        return any(_has_tensor(v) for v in value)
+    return False
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+# -- stage 1: the raw joint ------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class RawTrace:
+    """Stage 1's result: a mutating ATen graph `(*primals, *tangents) -> (*tensor outputs,
+    *input grads)` (no grads without tangents) plus what stage 2 and the runtime need."""
+
+    gm: torch.fx.GraphModule
+    constants: dict[str, torch.Tensor]
+    fake_mode: Any
+    primals: list[torch.Tensor]
+    tangents: list[torch.Tensor]
+    requires_grad: list[bool]
+    outputs: tuple[OutputInfo, ...]
+    output_spec: Any
+    tangent_specs: tuple[TensorSpec, ...]
+    mutated: set[int]
+    input_sources: tuple[str | None, ...]
+    lifted_attrs: tuple[str, ...]
+
+    @property
+    def training(self) -> bool:
+        return bool(self.tangents)
+
+
+def trace_joint(gm: torch.fx.GraphModule, example_inputs: list, *,
+                decompositions: dict | None = None) -> JointGraph:
+    """The functional joint forward+backward graph of `gm` for inputs like `example_inputs`
+    (gradients for the inputs that require grad). Returns an inference graph (training=False)
+    when no output needs a gradient."""
+    return _trace(gm, example_inputs, training=True, decompositions=decompositions)
+
+
+def trace_inference(gm: torch.fx.GraphModule, example_inputs: list, *,
+                    decompositions: dict | None = None) -> JointGraph:
+    """The functional forward-only ATen graph of `gm` (no autograd in the trace)."""
+    return _trace(gm, example_inputs, training=False, decompositions=decompositions)
+
+
+def _trace(gm: torch.fx.GraphModule, example_inputs: list, *, training: bool,
+           decompositions: dict | None) -> JointGraph:
+    from kiln.autograd.decompositions import decomposition_table
+    from kiln.autograd.functionalize import functionalize_raw  # stage 2 builds on this module
+
+    raw = trace_raw(gm, example_inputs, training=training)
+    table = decomposition_table() if decompositions is None else decompositions
+    return functionalize_raw(raw, table)
+
+
+def lifted_attributes(gm: torch.fx.GraphModule) -> list[tuple[str, torch.Tensor]]:
+    """Parameters and buffers `gm` reads as attributes (a symbolically traced module): they become
+    primals after the placeholders, so they get gradients and mutations like any input."""
+    if not any(n.op in ("get_attr", "call_module") for n in gm.graph.nodes):
+        return []
+    named = [*gm.named_parameters(remove_duplicate=False),
+             *gm.named_buffers(remove_duplicate=False)]
+    return [(name, value) for name, value in named if value is not None]
+
+
+def trace_raw(gm: torch.fx.GraphModule, example_inputs: list, *, training: bool) -> RawTrace:
+    """Stage 1: replay `gm` on fake copies of the inputs under the tracer and, for training, call
+    autograd.grad inside the trace."""
+    lifted = lifted_attributes(gm)
+    reals = [*example_inputs, *(value for _, value in lifted)]
+    fake_mode = _compat.new_fake_mode()
+    tracer = ATenTracer(fake_mode)
+    primals = [_fake_input(fake_mode, real, training) for real in reals]
+    requires_grad = [isinstance(p, torch.Tensor) and p.requires_grad for p in primals]
+    for i, primal in enumerate(primals):
+        if isinstance(primal, torch.Tensor):
+            tracer.placeholder(f"primals_{i}", primal)
+    watch = _MutationWatch(primals, requires_grad)
+    tracer.on_mutation = watch
+    if training:
+        tracer.backward_provenance = {}
+    attrs = _attr_map(lifted, primals[len(example_inputs):])
+    tangents: list[torch.Tensor] = []
+    grads: list[Any] = [None] * len(primals)
+    try:
+        with fake_mode, tracer, _compat.original_view_tracking(), \
+                torch.set_grad_enabled(training):
+            out = _Replay(gm, tracer, attrs).run(*primals[:len(example_inputs)])
+            flat, spec = _compat.tree_flatten(out)
+            watch.check_after_forward()
+            outputs, diff = _classify_outputs(flat, primals)
+            if training and diff:
+                tangents = _make_tangents(tracer, diff)
+                grads = _grads(diff, tangents, primals, requires_grad)
+    except Exception as err:
+        if watch.refusals:
+            raise AutogradUnsupported(watch.refusals[0], hint=_REFUSAL_HINT) from err
+        raise
+    watch.raise_refusals()
+    tensor_outs = [flat[k] for k, info in enumerate(outputs) if info.kind != "constant"]
+    tracer.graph.output(tracer.to_nodes((*tensor_outs, *(grads if tangents else ()))))
+    specs = tuple(TensorSpec.of(t) for t in tangents)
+    return RawTrace(tracer.graph_module(), dict(tracer.constants), fake_mode, primals, tangents,
+                    requires_grad, outputs, spec, specs, watch.mutated, _sources(gm, lifted),
+                    tuple(name for name, _ in lifted))
+
+
+_REFUSAL_HINT = ("the graph runs eagerly instead; move the mutation out of the compiled region "
+                 "or onto a tensor that does not require grad")
+
+
+def _fake_input(fake_mode: Any, real: Any, training: bool) -> Any:
+    if not isinstance(real, torch.Tensor):
+        return real
+    fake = fake_mode.from_tensor(real.detach(), static_shapes=True)  # detach: a fresh leaf
+    if training and real.requires_grad:
+        fake.requires_grad_(True)
+    return fake
+
+
+def _attr_map(lifted: list[tuple[str, torch.Tensor]], fakes: list) -> dict[str, torch.Tensor]:
+    first: dict[int, torch.Tensor] = {}
+    attrs = {}
+    for (name, real), fake in zip(lifted, fakes):
+        attrs[name] = first.setdefault(id(real), fake)  # a tied attribute reads one primal
+    return attrs
+
+
+def _sources(gm: torch.fx.GraphModule, lifted: list) -> tuple[str | None, ...]:
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    return (*(n.meta.get("source", n.name) for n in placeholders), *(name for name, _ in lifted))
+
+
+class _Replay(torch.fx.Interpreter):
+    """Runs a torch-level graph node by node, telling the tracer which node is running."""
+
+    def __init__(self, gm: torch.fx.GraphModule, tracer: ATenTracer,
+                 attrs: dict[str, torch.Tensor]) -> None:
+        super().__init__(gm, garbage_collect_values=False)
+        self.tracer = tracer
+        self.attrs = attrs
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        self.tracer.provenance = {k: n.meta[k] for k in PROVENANCE_KEYS if k in n.meta}
+        result = super().run_node(n)
+        if n.op not in ("placeholder", "output"):
+            self.tracer.label_autograd_nodes(result)
+        return result
+
+    def get_attr(self, target: Any, args: tuple, kwargs: dict) -> Any:
+        if target in self.attrs:
+            return self.attrs[target]
+        value = super().get_attr(target, args, kwargs)
+        if isinstance(value, torch.Tensor):
+            return self.tracer.constant(value)
+        return value
+
+    def call_module(self, target: Any, args: tuple, kwargs: dict) -> Any:
+        module = self.fetch_attr(target)
+        state = {name: self.attrs[f"{target}.{name}"]
+                 for name, _ in [*module.named_parameters(remove_duplicate=False),
+                                 *module.named_buffers(remove_duplicate=False)]
+                 if f"{target}.{name}" in self.attrs}
+        return torch.func.functional_call(module, state, args, kwargs)
+
+
+class _MutationWatch:
+    """Called by the tracer for every op that writes to an argument; notes which inputs change
+    and collects the reasons to refuse the graph (reported after the trace, never raised from the
+    dispatch handler)."""
+
+    def __init__(self, primals: list, requires_grad: list[bool]) -> None:
+        self.primals = primals
+        self.requires_grad = requires_grad
+        self.storages: dict[Any, list[int]] = {}
+        for i, p in enumerate(primals):
+            if isinstance(p, torch.Tensor):
+                self.storages.setdefault(_compat.storage_key(p), []).append(i)
+        self.mutated: set[int] = set()
+        self.refusals: list[str] = []
+
+    def __call__(self, op: torch._ops.OpOverload, bound: list) -> None:
+        for position in mutated_arg_positions(op):
+            target = bound[position]
+            if not isinstance(target, torch.Tensor):
+                continue
+            hit = self.storages.get(_compat.storage_key(target), [])
+            if not hit:
+                continue
+            self.mutated.update(hit)
+            if op.namespace not in ("aten", "prims"):
+                self.refuse(f"custom op {op} mutates input {self._name(hit[0])}")
+            elif torch.Tag.inplace_view in op.tags or op._schema.name in ("aten::set_",
+                                                                           "aten::resize_"):
+                self.refuse(f"{op} changes the shape or strides of input {self._name(hit[0])}")
+
+    def check_after_forward(self) -> None:
+        for i in sorted(self.mutated):
+            if self.requires_grad[i]:
+                self.refuse(f"input {self._name(i)} requires grad and is mutated in place")
+            elif self.primals[i].requires_grad:
+                self.refuse(f"input {self._name(i)} is mutated in place with a value that "
+                            "requires grad")
+
+    def refuse(self, reason: str) -> None:
+        if reason not in self.refusals:
+            self.refusals.append(reason)
+
+    def raise_refusals(self) -> None:
+        if self.refusals:
+            raise AutogradUnsupported(self.refusals[0], hint=_REFUSAL_HINT)
+
+    def _name(self, index: int) -> str:
+        return f"primals_{index}"
+
+
+def _classify_outputs(flat: list, primals: list) -> tuple[tuple[OutputInfo, ...], list]:
+    """One OutputInfo per flattened output; also the outputs that receive tangents."""
+    by_storage: dict[Any, int] = {}
+    for i, p in enumerate(primals):
+        if isinstance(p, torch.Tensor):
+            by_storage.setdefault(_compat.storage_key(p), i)
+    infos: list[OutputInfo] = []
+    diff: list[torch.Tensor] = []
+    seen: dict[int, int] = {}
+    for k, out in enumerate(flat):
+        if not isinstance(out, torch.Tensor):
+            infos.append(OutputInfo("constant", value=out))
+            continue
+        rg = out.requires_grad
+        if id(out) in seen:
+            infos.append(OutputInfo("duplicate", rg, index=seen[id(out)]))
+            continue
+        seen[id(out)] = k
+        primal = next((i for i, p in enumerate(primals) if p is out), None)
+        if primal is not None:
+            infos.append(OutputInfo("input", rg, index=primal))
+        elif _compat.storage_key(out) in by_storage:
+            infos.append(OutputInfo("input_view", rg, index=by_storage[_compat.storage_key(out)],
+                                    view=TensorSpec.of(out)))
+        elif rg:
+            infos.append(OutputInfo("tensor", True, tangent=len(diff)))
+            diff.append(out)
+        else:
+            infos.append(OutputInfo("tensor", False))
+    return tuple(infos), diff
+
+
+def _make_tangents(tracer: ATenTracer, diff: list[torch.Tensor]) -> list[torch.Tensor]:
+    tracer.paused = True
+    try:
+        tangents = [torch.empty_strided(o.shape, _tangent_strides(o), dtype=o.dtype,
+                                        device=o.device) for o in diff]
+    finally:
+        tracer.paused = False
+    for j, t in enumerate(tangents):
+        tracer.placeholder(f"tangents_{j}", t)
+    return tangents
+
+
+def _tangent_strides(t: torch.Tensor) -> tuple[int, ...]:
+    """The output's strides when it is dense (a permutation of a contiguous layout), else
+    contiguous strides: gradients of expanded or overlapping outputs are made dense."""
+    shape, stride = tuple(t.shape), tuple(t.stride())
+    expected = 1
+    for d in sorted(range(t.dim()), key=lambda d: stride[d]):
+        if shape[d] == 1:
+            continue
+        if stride[d] != expected:
+            return _contiguous_strides(shape)
+        expected *= shape[d]
+    return stride
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, running = [], 1
+    for size in reversed(shape):
+        strides.append(running)
+        running *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+def _grads(diff: list, tangents: list, primals: list, requires_grad: list[bool]) -> list[Any]:
+    wrt = [p for p, rg in zip(primals, requires_grad) if rg]
+    got = iter(torch.autograd.grad(diff, wrt, tangents, allow_unused=True) if wrt else ())
+    return [next(got) if rg else None for rg in requires_grad]

@@ -1,0 +1,171 @@
+"""Graph breaks: where capture may stop mid-function and resume in a new, compiled function.
+
+At an instruction capture cannot handle, the entry (see `entry.py`) calls the graph built so far,
+replays side effects, runs that one instruction natively (a call or a data-dependent branch) and
+returns `resume(...)`. A resume function is a copy of the function's canonical instructions with a
+prefix that rebuilds the operand stack (re-entering active `with` blocks) and jumps to the next
+instruction; it takes the stack values and live locals as arguments and is itself compiled by
+kiln, once per break point (cached here by its layout).
+
+Where resuming is unsafe (inside a loop or a `try`, or with cells the resume cannot share), the
+caller falls back to running the whole function eagerly, with the reason recorded.
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import types
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+
+from kiln.capture.bytecode import Instr, assemble, decode, decode_fresh, emit
+from kiln.capture.unsupported import unsupported
+
+if TYPE_CHECKING:
+    from kiln.capture.convert import CompileSettings
+
+__all__ = ["STACK_PREFIX", "ResumeLayout", "check_resumable", "resume_function", "route", "CONTEXT_FACTORIES"]
+
+STACK_PREFIX = "___stack"  # resume arguments holding stack values (dead once the prefix ran)
+_BRANCHES = ("POP_JUMP_IF_TRUE", "POP_JUMP_IF_FALSE", "POP_JUMP_IF_NONE", "POP_JUMP_IF_NOT_NONE")
+_RESUMABLE = ("CALL", *_BRANCHES)
+
+
+@dataclasses.dataclass(frozen=True)
+class ResumeLayout:
+    """What a resume function receives and rebuilds.
+
+    `stack` describes each operand-stack slot bottom to top: "value" (an argument), "null" (a
+    NULL slot) or ("with", factory_key, args) (a `with` block to re-enter: its `__exit__` slot).
+    `live` are the local names passed after the stack values, in the original varnames order."""
+
+    code: types.CodeType
+    target: int
+    stack: tuple
+    live: tuple[str, ...]
+
+
+def check_resumable(code: types.CodeType, index: int) -> None:
+    """Raise Unsupported (with the reason) if capture cannot break and resume at `index`."""
+    instrs = decode(code)
+    inst = instrs[index]
+    if inst.opname not in _RESUMABLE:
+        unsupported("no-resume-here", f"capture cannot resume after {inst.opname} yet")
+    if code.co_cellvars:
+        unsupported("no-resume-cells", "the function has variables captured by inner functions; "
+                    "resuming after a graph break cannot share them yet")
+    if code.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR):
+        unsupported("no-resume-generator", "graph breaks inside generators are not supported")
+    for other in instrs:
+        if other.opname == "JUMP" and other.target is not None and \
+                other.target.index <= index < other.index:
+            unsupported("break-in-loop", "a graph break inside a loop would resume mid-loop",
+                        hint="move the unsupported code out of the loop")
+    if inst.exn is not None and not _is_with_region(instrs, inst):
+        unsupported("break-in-try", "a graph break inside a try block is not supported",
+                    hint="move the unsupported code out of the try block")
+
+
+def _is_with_region(instrs: list[Instr], inst: Instr) -> bool:
+    handler = inst.exn.target.index
+    ops = [i.opname for i in instrs[handler:handler + 3]]
+    return "WITH_EXCEPT_START" in ops
+
+
+_resume_codes: dict[ResumeLayout, types.CodeType] = {}
+_resume_fns: dict[tuple, Callable] = {}
+
+
+def resume_function(fn: types.FunctionType, layout: ResumeLayout,
+                    settings: CompileSettings) -> Callable:
+    """The compiled resume function for `layout` (one per break point and layout)."""
+    from kiln.capture.convert import compile_function
+    key = (layout, settings.key(), fn.__closure__, id(fn.__globals__))
+    compiled = _resume_fns.get(key)
+    if compiled is None:
+        code = _resume_codes.get(layout)
+        if code is None:
+            code = _resume_codes[layout] = _build_resume_code(layout)
+        resume = types.FunctionType(code, fn.__globals__, code.co_name, None, fn.__closure__)
+        compiled = _resume_fns[key] = compile_function(resume, settings)
+    return compiled
+
+
+def clear_resume_cache() -> None:
+    _resume_codes.clear()
+    _resume_fns.clear()
+
+
+def _build_resume_code(layout: ResumeLayout) -> types.CodeType:
+    code = layout.code
+    body = decode_fresh(code)
+    target = body[layout.target]
+    stack_args = [f"{STACK_PREFIX}{i}" for i, slot in enumerate(layout.stack) if slot == "value"]
+    prefix: list[Instr] = []
+    if code.co_freevars:
+        prefix.append(Instr("COPY_FREE_VARS", len(code.co_freevars), len(code.co_freevars)))
+    prefix.append(Instr("RESUME", 0, 0))
+    names = iter(stack_args)
+    for slot in layout.stack:
+        if slot == "null":
+            prefix.append(emit.push_null())
+        elif slot == "value":
+            prefix.append(emit.load_fast(next(names)))
+        else:
+            prefix.extend(_reenter(slot))
+    prefix.append(emit.jump(target))
+    emit.at(prefix, target)
+    line = target.lineno or code.co_firstlineno
+    name = f"__resume_at_{line}_in_{code.co_name}"
+    args = list(layout.live) + stack_args
+    flags = code.co_flags & ~(inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)
+    return assemble(prefix + body, code, co_argcount=len(args), co_posonlyargcount=0,
+                    co_kwonlyargcount=0, co_varnames=tuple(args), co_flags=flags, co_name=name,
+                    co_qualname=name)
+
+
+def _reenter(slot: tuple) -> list[Instr]:
+    """Build a fresh context manager and enter it; leaves its `__exit__` on the stack."""
+    _, factory_key, args = slot
+    factory = CONTEXT_FACTORIES[factory_key]
+    instrs = [emit.push_null(), emit.load_const(factory)]
+    instrs.extend(emit.load_const(a) for a in args)
+    instrs += [emit.call(len(args)), Instr("BEFORE_WITH"), emit.pop_top()]
+    return instrs
+
+
+CONTEXT_FACTORIES: dict[str, Any] = {
+    "grad": torch.set_grad_enabled,
+    "autocast": torch.autocast,
+}
+
+
+# -- routing: calls made natively at a break still go through kiln ------------------------------
+_routed: dict[tuple, Callable] = {}
+
+
+def route(value: Any, settings: CompileSettings) -> Any:
+    """A kiln-compiled stand-in for a user function, method or module called at a break."""
+    from kiln.capture.convert import compile_function
+    from kiln.capture.module_wrapper import CompiledModule
+    from kiln.capture.rules import DISABLED, is_library_module
+    if id(value) in DISABLED:
+        return value
+    if isinstance(value, types.MethodType) and isinstance(value.__func__, types.FunctionType):
+        return types.MethodType(route(value.__func__, settings), value.__self__)
+    if isinstance(value, torch.nn.Module):
+        key = ("module", id(value), settings.key())
+        if key not in _routed or _routed[key]._orig_mod is not value:
+            _routed[key] = CompiledModule(value, settings)
+        return _routed[key]
+    if isinstance(value, types.FunctionType) and not is_library_module(value.__module__ or ""):
+        key = ("fn", value, settings.key())
+        if key not in _routed:
+            _routed[key] = compile_function(value, settings)
+        return _routed[key]
+    return value
+
+
+def clear_routes() -> None:
+    _routed.clear()
