@@ -99,8 +99,10 @@ def mark_static(tensor: Any, dim: int | None = None) -> None:
 def reset() -> None:
     """Forget every compiled entry, recorded warning and cached decode."""
     from kiln.capture.bytecode import clear_decode_cache
+    from kiln.capture.breaks import clear_break_caches
     from kiln.capture.convert import reset_compiled_functions
     clear_caches()
+    clear_break_caches()
     clear_decode_cache()
     reset_compiled_functions()
     reset_warnings()

@@ -258,6 +258,8 @@ def _backward_nodes(nodes: list[fx.Node], tangents: list[fx.Node]) -> set[fx.Nod
     """Nodes tagged phase=backward; the tangent closure where a node carries no tag."""
     backward: set[fx.Node] = set(tangents)
     for n in nodes:
+        if n.op == "output":
+            continue
         phase = n.meta.get("phase")
         if phase == "backward" or (phase is None and any(a in backward
                                                          for a in n.all_input_nodes)):

@@ -34,7 +34,8 @@ from kiln.autograd.trace import (AutogradUnsupported, JointGraph, OutputInfo, Te
 from kiln.errors import KilnError
 from kiln.logs import artifact_enabled, artifact_logger, warn_once
 
-__all__ = ["Compilers", "CompiledGraph", "DoubleBackwardError", "identity_compiler"]
+__all__ = ["Compilers", "CompiledGraph", "DoubleBackwardError", "EagerVariant", "InferenceVariant",
+           "TrainingVariant", "identity_compiler"]
 
 log = logging.getLogger("kiln.autograd")
 
@@ -106,11 +107,11 @@ class CompiledGraph:
             warn_once(("autograd-refused", id(self.gm), str(err)),
                       f"kiln: the autograd stage refused a graph; running it eagerly. {err}",
                       log)
-            return _EagerVariant(self.gm, len(user_args))
+            return EagerVariant(self.gm, len(user_args))
         for joint_pass in self.compilers.joint_passes:
             joint = joint_pass(joint)
-        variant = (_TrainingVariant(joint, self.compilers, self.gm) if joint.training
-                   else _InferenceVariant(joint, self.compilers, self.gm))
+        variant = (TrainingVariant(joint, self.compilers, self.gm) if joint.training
+                   else InferenceVariant(joint, self.compilers, self.gm))
         log.debug("compiled %s variant in %.3f s", "training" if joint.training else "inference",
                   time.perf_counter() - start)
         return variant
@@ -124,7 +125,7 @@ def _fake_args(gm: torch.fx.GraphModule) -> list:
     return [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
 
 
-class _EagerVariant:
+class EagerVariant:
     """The captured graph itself, for graphs the autograd stage refused."""
 
     def __init__(self, gm: torch.fx.GraphModule, num_user_args: int) -> None:
@@ -135,12 +136,12 @@ class _EagerVariant:
         return self.gm(*args[:self.num_user_args])
 
 
-class _Variant:
+class Variant:
     """What training and inference share: the aliasing check and the epilogue."""
 
     def __init__(self, joint: JointGraph, gm: torch.fx.GraphModule) -> None:
         self.joint = joint
-        self.eager = _EagerVariant(gm, joint.num_primals - len(joint.lifted_attrs))
+        self.eager = EagerVariant(gm, joint.num_primals - len(joint.lifted_attrs))
 
     def aliases_mutated_input(self, args: list) -> bool:
         """Mutated inputs must not share memory with other inputs (it was so at trace time;
@@ -186,7 +187,7 @@ def _output_value(info: OutputInfo, args: list, fw_outs: tuple, position: int,
     return info.value
 
 
-class _InferenceVariant(_Variant):
+class InferenceVariant(Variant):
     def __init__(self, joint: JointGraph, compilers: Compilers,
                  gm: torch.fx.GraphModule) -> None:
         super().__init__(joint, gm)
@@ -202,7 +203,7 @@ class _InferenceVariant(_Variant):
         return self.epilogue(args, tuple(outs))
 
 
-class _TrainingVariant(_Variant):
+class TrainingVariant(Variant):
     def __init__(self, joint: JointGraph, compilers: Compilers,
                  gm: torch.fx.GraphModule) -> None:
         from kiln.autograd.partition import partition_joint
@@ -269,7 +270,7 @@ class _TrainingVariant(_Variant):
         return tuple(self.bw(*saved, *tangents))
 
 
-def _make_function(variant: _TrainingVariant) -> type:
+def _make_function(variant: TrainingVariant) -> type:
     class CompiledFunction(torch.autograd.Function):
         @staticmethod
         def forward(ctx: Any, *args: Any) -> Any:

@@ -13,6 +13,7 @@ caller falls back to running the whole function eagerly, with the reason recorde
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import types
 from typing import TYPE_CHECKING, Any, Callable
@@ -25,7 +26,8 @@ from kiln.capture.unsupported import unsupported
 if TYPE_CHECKING:
     from kiln.capture.convert import CompileSettings
 
-__all__ = ["STACK_PREFIX", "ResumeLayout", "check_resumable", "resume_function", "route", "CONTEXT_FACTORIES"]
+__all__ = ["STACK_PREFIX", "ResumeLayout", "check_resumable", "resume_function", "route",
+           "route_only", "CONTEXT_FACTORIES"]
 
 STACK_PREFIX = "___stack"  # resume arguments holding stack values (dead once the prefix ran)
 _BRANCHES = ("POP_JUMP_IF_TRUE", "POP_JUMP_IF_FALSE", "POP_JUMP_IF_NONE", "POP_JUMP_IF_NOT_NONE")
@@ -92,9 +94,11 @@ def resume_function(fn: types.FunctionType, layout: ResumeLayout,
     return compiled
 
 
-def clear_resume_cache() -> None:
+def clear_break_caches() -> None:
     _resume_codes.clear()
     _resume_fns.clear()
+    _route_only_codes.clear()
+    _routed.clear()
 
 
 def _build_resume_code(layout: ResumeLayout) -> types.CodeType:
@@ -167,5 +171,54 @@ def route(value: Any, settings: CompileSettings) -> Any:
     return value
 
 
-def clear_routes() -> None:
-    _routed.clear()
+# -- route-only code: a frame kiln cannot capture still compiles what it calls -------------------
+_route_only_codes: dict[tuple, types.CodeType] = {}
+
+
+def route_only(fn: types.FunctionType, settings: CompileSettings) -> Callable:
+    """`fn` with every call site sending its callable through `route` (no graph of its own).
+
+    Method-form loads become plain loads plus a NULL, so every call has [NULL, callable, args];
+    each `CALL n` then packs its arguments and calls `routed_call(callable, args, kwnames)`."""
+    key = (fn.__code__, settings.key())
+    new_code = _route_only_codes.get(key)
+    if new_code is None:
+        router = functools.partial(_routed_call, settings)
+        new_code = _route_only_codes[key] = _build_route_only_code(fn.__code__, router)
+    routed = types.FunctionType(new_code, fn.__globals__, fn.__name__, fn.__defaults__,
+                                fn.__closure__)
+    routed.__kwdefaults__ = fn.__kwdefaults__
+    return routed
+
+
+def _routed_call(settings: CompileSettings, fn: Any, args: tuple, kwnames: tuple) -> Any:
+    target = route(fn, settings)
+    if not kwnames:
+        return target(*args)
+    npos = len(args) - len(kwnames)
+    return target(*args[:npos], **dict(zip(kwnames, args[npos:])))
+
+
+def _build_route_only_code(code: types.CodeType, router: Callable) -> types.CodeType:
+    instrs = decode_fresh(code)
+    out: list[Instr] = []
+    for inst in instrs:
+        out.append(inst)
+        if inst.opname in ("LOAD_ATTR", "LOAD_SUPER_ATTR") and inst.method:
+            inst.method = False  # [attr] then [NULL, attr]: the callable always sits above NULL
+            out.extend(_like(inst, [emit.push_null(), emit.swap(2)]))
+        elif inst.opname == "CALL":
+            nargs, kwnames = inst.argval
+            tail = [emit.load_const(router), emit.swap(3), emit.swap(2),
+                    emit.load_const(tuple(kwnames)), emit.call(3)]
+            # keep the CALL's identity (jump targets, exception entry): it becomes BUILD_TUPLE
+            inst.opname, inst.arg, inst.argval = "BUILD_TUPLE", nargs, nargs
+            out.extend(_like(inst, tail))
+    return assemble(out, code)
+
+
+def _like(model: Instr, instrs: list[Instr]) -> list[Instr]:
+    emit.at(instrs, model)
+    for instr in instrs:
+        instr.exn = model.exn
+    return instrs

@@ -54,6 +54,7 @@ class CodeCache:
         self.entries: list[CacheEntry] = []
         self.consts = Constants()
         self.skip: Unsupported | None = None
+        self.fallback: Callable | None = None  # the route-only copy run when `skip` is set
         self.version = 0
         self.warned_limit = False
         self.params = _param_names(code)
@@ -165,12 +166,13 @@ class Dispatcher:
     checks: dict[int, Callable]
     entries: dict[int, Callable]
     eager: Callable
+    fallback: Callable
     namespace: dict[str, Any]
     source: str
 
 
-def build_dispatcher(cache: CodeCache, fn: types.FunctionType,
-                     slow: Callable[..., Any]) -> Dispatcher:
+def build_dispatcher(cache: CodeCache, fn: types.FunctionType, slow: Callable[..., Any],
+                     fallback: Callable) -> Dispatcher:
     """Generate and exec the dispatch code for `fn` over the cache's current entries."""
     params = ", ".join(cache.params)
     signature = signature_source(cache.code)
@@ -178,6 +180,7 @@ def build_dispatcher(cache: CodeCache, fn: types.FunctionType,
     namespace: dict[str, Any] = {
         **AMBIENT_NAMESPACE, **cache.consts.namespace(), "__G": fn.__globals__,
         "__cells": fn.__closure__, "__modver": MODULE_VERSION, "__slow": slow, "__orig": fn,
+        "__fallback_fn": fallback,
     }
     for i, entry in enumerate(cache.entries):
         namespace[f"__ev{i}"] = entry.version
@@ -197,6 +200,8 @@ def build_dispatcher(cache: CodeCache, fn: types.FunctionType,
     lines.append(f"    return __slow({params})")
     lines.append(f"def __eager({params}):")
     lines.append(f"    return __orig({call_source(cache.code)})")
+    lines.append(f"def __fallback({params}):")
+    lines.append(f"    return __fallback_fn({call_source(cache.code)})")
     source = "\n".join(lines) + "\n"
     exec(compile(source, f"<kiln dispatcher for {fn.__qualname__}>", "exec"), namespace)  # noqa: S102
     named = {}
@@ -207,7 +212,7 @@ def build_dispatcher(cache: CodeCache, fn: types.FunctionType,
         variant.__kwdefaults__ = fn.__kwdefaults__
         variant.__name__ = variant.__qualname__ = fn.__name__
     return Dispatcher(named["variant"], namespace["__empty"], named["check"], named["entry"],
-                      namespace["__eager"], namespace, source)
+                      namespace["__eager"], namespace["__fallback"], namespace, source)
 
 
 def _safe_name(name: str) -> str:

@@ -19,7 +19,7 @@ import torch
 from kiln.capture import records
 from kiln.capture.cache import (CacheEntry, CodeCache, build_dispatcher, cache_for, compiling,
                                 compiling_scope)
-from kiln.capture.breaks import check_resumable
+from kiln.capture.breaks import check_resumable, route_only
 from kiln.capture.entry import build_break_entry_code, build_entry_code
 from kiln.capture.mutation import MODULE_VERSION
 from kiln.capture.output_graph import OutputGraph
@@ -67,9 +67,23 @@ class CompiledFunction:
         self.refresh()
 
     def refresh(self) -> None:
-        self.dispatcher = build_dispatcher(self.cache, self.fn, self.slow)
+        self.dispatcher = build_dispatcher(self.cache, self.fn, self.slow, self._fallback_fn())
         self.version = self.cache.version
         self._point_at_first()
+
+    def _fallback_fn(self) -> Callable:
+        """What runs when capture gave up on this code: a route-only copy (its calls are still
+        compiled), or the function itself when even that cannot be built."""
+        if self.cache.skip is None:
+            return self.fn
+        if self.cache.fallback is None:
+            try:
+                self.cache.fallback = route_only(self.fn, self.settings)
+            except Exception:  # noqa: BLE001 - the original function is always a safe fallback
+                _log.warning("kiln: no route-only copy of %s; it runs as is",
+                             self.fn.__qualname__, exc_info=True)
+                self.cache.fallback = self.fn
+        return self.cache.fallback
 
     def _point_at_first(self) -> None:
         entries = self.cache.entries
@@ -91,8 +105,12 @@ class CompiledFunction:
 
     def miss(self, *values: Any) -> Callable:
         cache = self.cache
-        if compiling() or cache.skip is not None:
+        if compiling():
             return self.dispatcher.eager
+        if cache.skip is not None:
+            if self.dispatcher.namespace["__fallback_fn"] is self.fn:
+                self.refresh()
+            return self.dispatcher.fallback
         namespace = {**self.dispatcher.namespace, **dict(zip(cache.params, values))}
         entry = cache.revalidate(namespace)
         if entry is not None:
@@ -156,7 +174,8 @@ class CompiledFunction:
         if self.settings.fullgraph:
             raise UnsupportedError(record) from None
         self.cache.skip = record
-        return self.dispatcher.eager
+        self.refresh()
+        return self.dispatcher.fallback
 
 
 _live: weakref.WeakSet[CompiledFunction] = weakref.WeakSet()
@@ -191,7 +210,8 @@ def capture_function(fn: types.FunctionType, f_locals: dict[str, Any], cache: Co
         try:
             check_resumable(fn.__code__, err.root_index)
         except Unsupported as why:
-            err.hints = (*err.hints, f"the whole function runs eagerly: {why.message}")
+            err.hints = (*err.hints, "the function runs without a graph of its own (the calls "
+                         f"it makes are still compiled): {why.message}")
             raise err from None
         entry = _capture(fn, f_locals, cache, settings, err)
         report_break(to_record(err))
