@@ -62,7 +62,8 @@ class Unsupported:
 
     `code` is a stable identifier chosen by the reporter (e.g. "unsupported-opcode"); `category` is
     one of CATEGORIES; `location` is the innermost user line; `stack` holds the inlined callers,
-    outermost first; `hints` are concrete things the user can do."""
+    outermost first; `hints` are concrete things the user can do; `cost` estimates the
+    instructions that ran outside graphs because of it (1 when capture resumed right after)."""
 
     code: str
     category: Category
@@ -70,6 +71,7 @@ class Unsupported:
     location: UserLocation | None = None
     stack: tuple[UserLocation, ...] = ()
     hints: tuple[str, ...] = ()
+    cost: int = 0
 
     def __post_init__(self) -> None:
         if self.category not in CATEGORIES:
@@ -77,7 +79,8 @@ class Unsupported:
                              f"got {self.category!r}")
 
     def render(self) -> str:
-        lines = [f"Graph break [{self.category}] {self.code}: {self.message}"]
+        cost = f" (~{self.cost} instructions outside graphs)" if self.cost > 1 else ""
+        lines = [f"Graph break [{self.category}] {self.code}: {self.message}{cost}"]
         if self.location is not None:
             lines.append(self.location.render())
         if self.stack:

@@ -169,7 +169,7 @@ class CompiledFunction:
             err = Unsupported("unsupported-python", str(err), hints=(
                 "kiln captures Python 3.11 and 3.12 bytecode",))
             err.frames.append(UserLocation.from_code(self.fn.__code__))
-        record = to_record(err)
+        record = to_record(err, _frame_cost(self.fn.__code__))
         report_break(record)
         if self.settings.fullgraph:
             raise UnsupportedError(record) from None
@@ -187,11 +187,21 @@ def reset_compiled_functions() -> None:
         compiled.reset()
 
 
-def to_record(err: Unsupported) -> UnsupportedRecord:
+def to_record(err: Unsupported, cost: int = 1) -> UnsupportedRecord:
     frames = err.frames  # innermost first
     location = frames[0] if frames else None
     stack = tuple(reversed(frames[1:]))
-    return UnsupportedRecord(err.code, err.category, err.message, location, stack, err.hints)
+    return UnsupportedRecord(err.code, err.category, err.message, location, stack, err.hints,
+                             cost)
+
+
+def _frame_cost(code: types.CodeType) -> int:
+    """Instructions of a frame that run outside any graph when it has none of its own."""
+    from kiln.capture.bytecode import decode
+    try:
+        return sum(1 for i in decode(code) if i.opname in ("CALL", "BINARY_OP", "BINARY_SUBSCR"))
+    except Exception:  # noqa: BLE001 - only an estimate for ranking
+        return 1
 
 
 def _id_key(values: tuple) -> tuple:

@@ -93,6 +93,15 @@ class _ExplainBackend:
         return gm.forward
 
 
+def _unique_by_cost(breaks: list[Unsupported]) -> list[Unsupported]:
+    """Identical breaks (same reason at the same line) once, most expensive first."""
+    seen: dict[tuple, Unsupported] = {}
+    for record in breaks:
+        where = (record.location.filename, record.location.lineno) if record.location else None
+        seen.setdefault((record.code, where), record)
+    return sorted(seen.values(), key=lambda r: -r.cost)
+
+
 def _summarize(recorder: records.Recorder) -> ExplainOutput:
     graphs = [g.graph for g in recorder.graphs if g.graph is not None]
     ops = [g.ops for g in recorder.graphs if g.graph is not None]
@@ -101,6 +110,7 @@ def _summarize(recorder: records.Recorder) -> ExplainOutput:
         for stage, seconds in g.compile_seconds.items():
             times[stage] = times.get(stage, 0.0) + seconds
     guards = [guard for g in recorder.graphs for guard in g.guards]
-    return ExplainOutput(graphs, len(graphs), len(recorder.breaks), list(recorder.breaks),
+    breaks = _unique_by_cost(recorder.breaks)
+    return ExplainOutput(graphs, len(graphs), len(breaks), breaks,
                          sum(len(o) for o in ops), ops, guards, times,
                          list(recorder.recompiles))
