@@ -59,9 +59,9 @@ def check_resumable(code: types.CodeType, index: int) -> None:
                     "resuming after a graph break cannot share them yet")
     if code.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR):
         unsupported("no-resume-generator", "graph breaks inside generators are not supported")
-    for other in instrs:
-        if other.opname == "JUMP" and other.target is not None and \
-                other.target.index <= index < other.index:
+    for other in instrs:  # any backward jump (loop latch) around the break
+        if other.target is not None and other.target.index <= index <= other.index and \
+                other.target.index < other.index:
             unsupported("break-in-loop", "a graph break inside a loop would resume mid-loop",
                         hint="move the unsupported code out of the loop")
     if inst.exn is not None and not _is_with_region(instrs, inst):
@@ -207,7 +207,7 @@ def _build_route_only_code(code: types.CodeType, router: Callable) -> types.Code
         if inst.opname in ("LOAD_ATTR", "LOAD_SUPER_ATTR") and inst.method:
             inst.method = False  # [attr] then [NULL, attr]: the callable always sits above NULL
             out.extend(_like(inst, [emit.push_null(), emit.swap(2)]))
-        elif inst.opname == "CALL":
+        elif inst.opname == "CALL" and not _is_with_exit_call(out):
             nargs, kwnames = inst.argval
             tail = [emit.load_const(router), emit.swap(3), emit.swap(2),
                     emit.load_const(tuple(kwnames)), emit.call(3)]
@@ -215,6 +215,13 @@ def _build_route_only_code(code: types.CodeType, router: Callable) -> types.Code
             inst.opname, inst.arg, inst.argval = "BUILD_TUPLE", nargs, nargs
             out.extend(_like(inst, tail))
     return assemble(out, code)
+
+
+def _is_with_exit_call(emitted: list[Instr]) -> bool:
+    """`__exit__(None, None, None)` at the end of a with block: [exit, None, None, None] CALL 2
+    has no NULL slot, so it must not be rewritten."""
+    before = emitted[-4:-1]
+    return len(before) == 3 and all(i.opname == "LOAD_CONST" and i.argval is None for i in before)
 
 
 def _like(model: Instr, instrs: list[Instr]) -> list[Instr]:

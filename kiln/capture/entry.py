@@ -16,7 +16,8 @@ from kiln.capture.unsupported import unsupported
 from kiln.capture.variables.base import VT, ConstantVT, LazyVT, NotConstant, NullVT
 from kiln.capture.variables.builtins import BuiltinVT, SpecialVT
 from kiln.capture.variables.containers import BoundBuiltinMethod, DictVT, ListVT, SliceVT, TupleVT
-from kiln.capture.variables.functions import BoundMethodVT, TorchFunctionVT, UserFunctionVT
+from kiln.capture.variables.functions import (BoundMethodVT, OpaqueCallableVT, TorchFunctionVT,
+                                              UserFunctionVT)
 from kiln.capture.variables.nn_module import ModuleVT
 from kiln.capture.variables.objects import (AutocastVT, ClassVT, GradModeVT, NewObjectVT,
                                             PythonModuleVT, UserObjectVT)
@@ -78,13 +79,20 @@ class _Rebuilder:
             if vt.source is not None:
                 return vt.source.expr()
             return self._dict_literal(vt)
+        if isinstance(vt, BoundMethodVT):
+            return f"{self.expr(vt.fn)}.__get__({self.expr(vt.self_vt)})"
+        if isinstance(vt, TensorMethodVT):
+            return f"{self.expr(vt.tensor)}.{vt.name}"
+        if isinstance(vt, BoundBuiltinMethod):
+            return f"{self.expr(vt.owner)}.{vt.name}"
         if isinstance(vt, SliceVT):
             return f"slice({self.expr(vt.start)}, {self.expr(vt.stop)}, {self.expr(vt.step)})"
         if isinstance(vt, NewObjectVT):
             attrs = self._dict_literal(DictVT(vt.attrs))
             return f"{self.consts.ref(new_object)}({self.consts.ref(vt.cls)}, {attrs})"
         if isinstance(vt, (ModuleVT, UserObjectVT, PythonModuleVT, ClassVT, UserFunctionVT,
-                           TorchFunctionVT, BuiltinVT, SpecialVT)) or vt.is_constant():
+                           TorchFunctionVT, BuiltinVT, SpecialVT, OpaqueCallableVT)) or \
+                vt.is_constant():
             if vt.source is not None:
                 return vt.source.expr()
             return self.consts.ref(vt.as_constant())
@@ -243,8 +251,7 @@ def _callee_expr(rebuild: _Rebuilder, callee: VT, settings: CompileSettings) -> 
         fn = _callee_expr(rebuild, callee.fn, settings)
         return f"{fn}.__get__({rebuild.expr(callee.self_vt)})"
     if isinstance(callee, (TensorMethodVT, BoundBuiltinMethod)):
-        owner = callee.tensor if isinstance(callee, TensorMethodVT) else callee.owner
-        return f"{rebuild.expr(owner)}.{callee.name}"
+        return rebuild.expr(callee)
     try:
         value = callee.as_constant()
     except NotConstant:

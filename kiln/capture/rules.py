@@ -70,8 +70,8 @@ def classify(value: Any) -> str:
     if isinstance(value, types.FunctionType):
         if module.startswith("torch") and not module.startswith(_INLINE_TORCH_PREFIXES):
             return "graph"
-        if getattr(value, "__wrapped__", None) is not None and module.startswith("torch"):
-            return "inline"
+        if _is_stdlib(module):
+            return "unsupported"  # logging, I/O, ...: run natively at a graph break
         return "inline"
     if _hashable(value) and value in _UNSUPPORTED_TORCH:
         return "unsupported"
@@ -84,13 +84,25 @@ def classify(value: Any) -> str:
     return "unsupported"
 
 
+# Standard-library modules whose Python functions capture may read (pure helpers).
+_INLINE_STDLIB = {"functools", "operator", "math", "typing", "collections", "enum", "dataclasses",
+                  "abc", "numbers", "contextlib", "copy"}
+
+
+def _is_stdlib(module: str) -> bool:
+    top = module.split(".")[0]
+    return top in sys.stdlib_module_names and top not in _INLINE_STDLIB
+
+
 def why_unsupported(value: Any) -> str:
     name = getattr(value, "__qualname__", None) or type(value).__qualname__
     module = getattr(value, "__module__", None) or "?"
     if id(value) in DISABLED:
         return f"{name} is wrapped by kiln.disable"
-    if value in _UNSUPPORTED_TORCH if _hashable(value) else False:
+    if _hashable(value) and value in _UNSUPPORTED_TORCH:
         return f"{module}.{name} {_UNSUPPORTED_TORCH[value]}"
+    if isinstance(value, types.FunctionType) and _is_stdlib(module):
+        return f"{module}.{name} is standard-library code (I/O, logging, ...), which runs natively"
     return (f"{module}.{name} is not Python code capture can read and not a torch function "
             f"(a C extension or an unknown callable of type {type(value).__name__})")
 

@@ -19,7 +19,8 @@ from kiln.capture.sources import Attr, FnClosure, Item, Source
 from kiln.capture.unsupported import unsupported
 from kiln.capture.variables.base import VT, ConstantVT
 from kiln.capture.variables.containers import DictVT, ListVT, SliceVT, TupleVT
-from kiln.capture.variables.functions import BoundMethodVT, TorchFunctionVT, UserFunctionVT
+from kiln.capture.variables.functions import (BoundMethodVT, OpaqueCallableVT, TorchFunctionVT,
+                                              UserFunctionVT)
 from kiln.capture.variables.nn_module import ModuleVT
 from kiln.capture.variables.objects import (ClassVT, PartialVT, PythonModuleVT, UserObjectVT,
                                             context_vt)
@@ -155,9 +156,7 @@ def _wrap_callable(tx: Translator, value: Any, source: Source | None) -> VT:
         return decorated if decorated is not None else UserFunctionVT(value, source)
     if kind == "constant":
         return ConstantVT(value, source)
-    unsupported("unsupported-callable", rules.why_unsupported(value),
-                hint="wrap the call with kiln.allow_in_graph if it only does torch ops, or "
-                     "move it out of the compiled function")
+    return OpaqueCallableVT(value, source)
 
 
 # The code object of torch's context-decorator wrapper (functools.wraps hides its name).

@@ -61,8 +61,13 @@ class BuiltinVT(VT):
             except Exception as err:
                 unsupported("builtin-failed", f"{_name(self.fn)}() raised {type(err).__name__}: "
                             f"{err}", category="user-fixable")
+        tensors = any(isinstance(a, TensorVT) for a in args)
         unsupported("builtin-arguments", f"{_name(self.fn)}() with arguments "
-                    f"{', '.join(a.describe() for a in args)} is not supported yet")
+                    f"{', '.join(a.describe() for a in args)} is not supported yet",
+                    category="fundamental" if tensors else "not-supported-yet",
+                    hint="this needs a tensor's value in Python: keep the computation in tensor "
+                         "ops, or do it outside the compiled function" if tensors else
+                    "compute this outside the compiled function, or pass the result in")
 
     def describe(self) -> str:
         return f"builtin {_name(self.fn)}"
@@ -351,7 +356,8 @@ def _bool(tx: Translator, args: Args, kwargs: Kwargs) -> VT | None:
 
 
 def _id(tx: Translator, args: Args, kwargs: Kwargs) -> VT | None:
-    unsupported("id", "id() of a traced value is not stable across calls")
+    unsupported("id", "id() of a traced value is not stable across calls",
+                hint="compare objects with `is` instead of id()")
 
 
 _HANDLERS: dict[Any, Callable[[Translator, Args, Kwargs], VT | None]] = {

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from kiln.capture.translator import Translator
 
 __all__ = ["UserFunctionVT", "NestedFunctionVT", "BoundMethodVT", "TorchFunctionVT", "SuperVT",
+           "OpaqueCallableVT",
            "GeneratorVT", "bind_args"]
 
 CO_VARARGS = inspect.CO_VARARGS
@@ -176,6 +177,36 @@ class TorchFunctionVT(VT):
 
     def describe(self) -> str:
         return f"torch function {getattr(self.fn, '__qualname__', self.fn)}"
+
+
+class OpaqueCallableVT(VT):
+    """A callable capture cannot look into (C extensions, I/O, kiln.disable'd functions): calling
+    it stops capture at that call, where a graph break runs it natively."""
+
+    def __init__(self, fn: Any, source: Source | None = None) -> None:
+        self.fn = fn
+        self.source = source
+
+    def python_type(self) -> type:
+        return type(self.fn)
+
+    def as_constant(self) -> Any:
+        return self.fn
+
+    def call(self, tx: Translator, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        from kiln.capture.rules import why_unsupported
+        unsupported("unsupported-callable", why_unsupported(self.fn),
+                    hint="kiln runs this call natively between graphs; wrap it with "
+                         "kiln.allow_in_graph if it only does torch ops")
+
+    def getattr(self, tx: Translator, name: str) -> VT:
+        from kiln.capture.variables.builder import wrap_derived
+        if name in ("__name__", "__qualname__", "__module__", "__doc__"):
+            return ConstantVT(getattr(self.fn, name, None))
+        return wrap_derived(tx, getattr(self.fn, name))
+
+    def describe(self) -> str:
+        return f"callable {getattr(self.fn, '__qualname__', self.fn)!s}"
 
 
 class SuperVT(VT):

@@ -158,7 +158,7 @@ class _ObjectBase(VT):
         if attr is MISSING:
             return None
         if isinstance(attr, types.FunctionType):
-            return BoundMethodVT(UserFunctionVT(attr), self)
+            return BoundMethodVT(wrap_derived(tx, attr), self)
         if isinstance(attr, property) and attr.fget is not None:
             return UserFunctionVT(attr.fget).call(tx, [self], {})
         if isinstance(attr, staticmethod):
