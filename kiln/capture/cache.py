@@ -54,6 +54,7 @@ class CodeCache:
         self.entries: list[CacheEntry] = []
         self.consts = Constants()
         self.skip: Unsupported | None = None
+        self.dynamic: set[str] = set()  # scalars whose value changed: kept symbolic from now on
         self.fallback: Callable | None = None  # the route-only copy run when `skip` is set
         self.version = 0
         self.warned_limit = False
@@ -82,6 +83,14 @@ class CodeCache:
                 if len(found) == 3:
                     break
         return found
+
+    def note_changed_scalars(self, namespace: dict[str, Any]) -> None:
+        """Automatic dynamic: an int/float guard of the newest entry that failed marks that value
+        symbolic in the next capture (TorchDynamo's automatic_dynamic for scalars)."""
+        for guard in self.entries[0].guards if self.entries else ():
+            if guard.kind == "constant" and type(guard.expected) in (int, float) and \
+                    guard.failure(namespace) is not None:
+                self.dynamic.add(guard.value)
 
     def revalidate(self, namespace: dict[str, Any]) -> CacheEntry | None:
         """An entry whose guards all hold although the module version moved; refresh it."""

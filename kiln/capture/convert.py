@@ -117,6 +117,7 @@ class CompiledFunction:
             return self._hit(entry)
         if cache.entries:
             self._report_recompile(namespace)
+            cache.note_changed_scalars(namespace)
         if self._over_limit(values):
             return self.dispatcher.eager
         return self._compile(dict(zip(cache.params, values)))
@@ -237,7 +238,7 @@ def report_break(record: UnsupportedRecord) -> None:
 def _capture(fn: types.FunctionType, f_locals: dict[str, Any], cache: CodeCache,
              settings: CompileSettings, brk: Unsupported | None) -> CacheEntry:
     start = time.perf_counter()
-    output = OutputGraph(cache.consts)
+    output = OutputGraph(cache.consts, frozenset(cache.dynamic))
     output.guards.ambient()
     code = fn.__code__
     local_vars = {name: LazyVT(value, Local(name)) for name, value in f_locals.items()}
@@ -248,7 +249,11 @@ def _capture(fn: types.FunctionType, f_locals: dict[str, Any], cache: CodeCache,
         try:
             result = tx.run()
         except StopAtBreak:
-            entry_code = build_break_entry_code(output, tx, fn, settings)
+            try:
+                entry_code = build_break_entry_code(output, tx, fn, settings)
+            except Unsupported as err:  # the break point is where this happened
+                err.frames.append(tx.location())
+                raise
         else:
             entry_code = build_entry_code(output, result)
     finally:

@@ -21,6 +21,7 @@ from kiln.capture.variables.functions import (BoundMethodVT, OpaqueCallableVT, T
 from kiln.capture.variables.nn_module import ModuleVT
 from kiln.capture.variables.objects import (AutocastVT, ClassVT, GradModeVT, NewObjectVT,
                                             PythonModuleVT, UserObjectVT)
+from kiln.capture.variables.scalars import SymScalarVT
 from kiln.capture.variables.tensor import TensorMethodVT, TensorVT
 
 if TYPE_CHECKING:
@@ -65,8 +66,8 @@ class _Rebuilder:
     def expr(self, vt: VT) -> str:
         if isinstance(vt, LazyVT):
             return vt.source.expr()
-        if isinstance(vt, TensorVT):
-            return self._tensor(vt)
+        if isinstance(vt, (TensorVT, SymScalarVT)):
+            return self._node(vt.node)
         if isinstance(vt, ConstantVT):
             return self.consts.literal_or_ref(vt.value)
         if isinstance(vt, TupleVT):
@@ -99,8 +100,7 @@ class _Rebuilder:
         unsupported("output-value", f"returning or storing {vt.describe()} out of a compiled "
                     "region is not supported yet")
 
-    def _tensor(self, vt: TensorVT) -> str:
-        node = vt.node
+    def _node(self, node: torch.fx.Node) -> str:
         if node in self.input_source:  # an input returned as is keeps its identity
             return self.input_source[node].expr()
         if node not in self._out_index:

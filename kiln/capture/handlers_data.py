@@ -13,6 +13,7 @@ from kiln.capture.variables.base import VT, CellBox, ConstantVT, NullVT
 from kiln.capture.variables.builtins import binary_op, iterate
 from kiln.capture.variables.containers import DictVT, ListVT, SliceVT, TupleVT
 from kiln.capture.variables.nn_module import ModuleVT
+from kiln.capture.variables.scalars import SymScalarVT, scalar_op
 from kiln.capture.variables.tensor import TensorVT, graph_call
 
 if TYPE_CHECKING:
@@ -228,6 +229,8 @@ def _unary(op: object) -> object:
         value = tx.pop()
         if isinstance(value, TensorVT):
             tx.push(graph_call(tx, "call_function", op, [value], {}))
+        elif isinstance(value, SymScalarVT):
+            tx.push(scalar_op(tx, op, [value]))
         elif value.is_constant():
             tx.push(ConstantVT(op(value.as_constant())))
         else:

@@ -34,7 +34,8 @@ class GraphInput:
 
 
 class OutputGraph:
-    def __init__(self, consts: Constants | None = None) -> None:
+    def __init__(self, consts: Constants | None = None,
+                 dynamic_scalars: frozenset[str] = frozenset()) -> None:
         self.graph = torch.fx.Graph()
         self.fake_mode = _compat.new_fake_mode()
         self.consts = consts if consts is not None else Constants()
@@ -48,6 +49,8 @@ class OutputGraph:
         self.pending_globals: dict[tuple[int, str], Any] = {}
         self.current_tx: Any = None
         self.wrapped: dict[Source, Any] = {}  # one tracker per source read during the trace
+        self.dynamic_scalars = dynamic_scalars  # source exprs of numbers kept symbolic
+        self.scalar_examples: dict[Source, Any] = {}
 
     # -- inputs --------------------------------------------------------------------------------
     def input_for(self, value: torch.Tensor, source: Source, python_type: type) -> TensorVT:
@@ -69,6 +72,16 @@ class OutputGraph:
         self._input_by_id[id(value)] = vt
         self._vt_by_fake[id(fake)] = vt
         return vt
+
+    def scalar_input(self, value: Any, source: Source) -> Any:
+        """A Python number read from `source` as a graph input (see variables/scalars.py)."""
+        from kiln.capture.variables.scalars import SymScalarVT
+        node = self._placeholder(source)
+        node.meta["val"] = value
+        node.meta["source"] = source.name()
+        self.inputs.append(GraphInput(node, source, value))
+        self.scalar_examples[source] = value
+        return SymScalarVT(node, value, (source,), self)
 
     def _placeholder(self, source: Source) -> torch.fx.Node:
         name = self._unique(source.ident())

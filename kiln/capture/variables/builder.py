@@ -56,6 +56,9 @@ def _wrap(tx: Translator, value: Any, source: Source, module_guard: bool) -> VT:
         if vt.source is not source and vt.source != source:  # the same tensor seen twice
             guards.id_match(source, value, module=module_guard, location=loc)
         return vt
+    if type(value) in (int, float) and source.expr() in tx.output.dynamic_scalars:
+        guards.type_match(source, value, module=module_guard, location=loc)
+        return tx.output.scalar_input(value, source)
     if isinstance(value, _CONSTANT_TYPES):
         if isinstance(value, (torch.dtype, torch.layout, enum.Enum)):  # singletons
             guards.id_match(source, value, module=module_guard, location=loc)

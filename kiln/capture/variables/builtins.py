@@ -16,6 +16,7 @@ from kiln.capture.unsupported import unsupported
 from kiln.capture.variables.base import VT, ConstantVT, NotConstant
 from kiln.capture.variables.containers import DictVT, IteratorVT, ListVT, SliceVT, TupleVT
 from kiln.capture.variables.objects import AutocastVT, GradModeVT
+from kiln.capture.variables.scalars import SymScalarVT, scalar_op, specialize_all
 from kiln.capture.variables.tensor import TensorVT, graph_call
 
 if TYPE_CHECKING:
@@ -125,6 +126,11 @@ def binary_op(tx: Translator, op: Callable, a: VT, b: VT) -> VT:
             op = _INPLACE_TO_PLAIN[op]
         return graph_call(tx, "call_function", op, [a, b], {})
     plain = _INPLACE_TO_PLAIN.get(op, op)
+    if isinstance(a, SymScalarVT) or isinstance(b, SymScalarVT):
+        if all(isinstance(v, SymScalarVT) or (v.is_constant() and type(v.as_constant()) in
+                                               (int, float, bool)) for v in (a, b)):
+            return scalar_op(tx, plain, [a, b])
+        a, b = specialize_all(a), specialize_all(b)
     if isinstance(a, ListVT) and op is operator.iadd:
         a.call_method(tx, "extend", [b], {})
         return a

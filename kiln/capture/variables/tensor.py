@@ -15,6 +15,7 @@ import torch.fx
 from kiln.capture.sources import Source
 from kiln.capture.unsupported import unsupported
 from kiln.capture.variables.base import VT, ConstantVT
+from kiln.capture.variables.scalars import VALUE_ONLY_TARGETS, SymScalarVT, specialize_all
 
 if TYPE_CHECKING:
     from kiln.capture.translator import Translator
@@ -131,6 +132,8 @@ def to_graph_args(vt: Any) -> tuple[Any, Any]:
     from kiln.capture.variables.containers import ListVT, SliceVT, TupleVT, DictVT
     if isinstance(vt, TensorVT):
         return vt.node, vt.fake
+    if isinstance(vt, SymScalarVT):
+        return vt.node, vt.value
     if isinstance(vt, ConstantVT):
         return vt.value, vt.value
     if isinstance(vt, TupleVT):
@@ -158,6 +161,8 @@ def graph_call(tx: Translator, op: str, target: Any, args: list[VT], kwargs: dic
 
     Results with no tensor in them become constants and the node is dropped, unless `keep`
     (the call changes state, like `_set_grad_enabled`)."""
+    if target not in VALUE_ONLY_TARGETS:  # a symbolic number could decide a shape here
+        args, kwargs = specialize_all(list(args)), specialize_all(dict(kwargs))
     node_args, fake_args = zip(*(to_graph_args(a) for a in args)) if args else ((), ())
     pairs = {k: to_graph_args(v) for k, v in kwargs.items()}
     node_kwargs = {k: p[0] for k, p in pairs.items()}
