@@ -98,7 +98,9 @@ class _Rebuilder:
                 return vt.source.expr()
             return self.consts.ref(vt.as_constant())
         unsupported("output-value", f"returning or storing {vt.describe()} out of a compiled "
-                    "region is not supported yet")
+                    "region is not supported yet",
+                    hint="keep such values (generators, functions made inside, iterators) "
+                         "inside the compiled code, or create them outside it")
 
     def _node(self, node: torch.fx.Node) -> str:
         if node in self.input_source:  # an input returned as is keeps its identity

@@ -99,7 +99,7 @@ def _wrap(tx: Translator, value: Any, source: Source, module_guard: bool) -> VT:
         return _wrap_callable(tx, value, source)
     if dataclasses.is_dataclass(value) or hasattr(value, "__dict__"):
         guards.type_match(source, value, module=module_guard, location=loc)
-        return UserObjectVT(value, source)
+        return UserObjectVT(value, source, tx.output)
     unsupported("unsupported-value", f"{source.name()} has type {type(value).__qualname__}, "
                 "which capture does not handle yet")
 

@@ -159,6 +159,10 @@ class _ObjectBase(VT):
             return None
         if isinstance(attr, types.FunctionType):
             return BoundMethodVT(wrap_derived(tx, attr), self)
+        if isinstance(attr, (types.MethodDescriptorType, types.WrapperDescriptorType,
+                             types.BuiltinFunctionType)) and isinstance(self, UserObjectVT):
+            from kiln.capture.variables.functions import OpaqueCallableVT
+            return OpaqueCallableVT(getattr(self.value, name))  # C method: runs at a break
         if isinstance(attr, property) and attr.fget is not None:
             return UserFunctionVT(attr.fget).call(tx, [self], {})
         if isinstance(attr, staticmethod):
@@ -177,13 +181,18 @@ class UserObjectVT(_ObjectBase):
     """An object read from the frame. Reads go to the real object (guarded); writes are recorded
     and replayed on the real object after the graph runs."""
 
-    def __init__(self, value: Any, source: Source | None) -> None:
+    def __init__(self, value: Any, source: Source | None, output: Any = None) -> None:
         self.value = value
         self.cls = type(value)
         self.source = source
+        self.output = output  # where to guard identity when the object is used as a constant
         self.pending: dict[str, VT] = {}
 
     def as_constant(self) -> Any:
+        """The object itself, e.g. as an argument folded into a constant: only valid for this
+        very object, so (when it came from the frame) its identity is guarded."""
+        if self.source is not None and self.output is not None:
+            self.output.guards.id_match(self.source, self.value)
         return self.value
 
     def getattr(self, tx: Translator, name: str) -> VT:
