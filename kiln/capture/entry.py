@@ -20,7 +20,7 @@ from kiln.capture.variables.functions import (BoundMethodVT, OpaqueCallableVT, T
                                               UserFunctionVT)
 from kiln.capture.variables.nn_module import ModuleVT
 from kiln.capture.variables.objects import (AutocastVT, ClassVT, GradModeVT, NewObjectVT,
-                                            PythonModuleVT, UserObjectVT)
+                                            OpaqueMethodVT, PythonModuleVT, UserObjectVT)
 from kiln.capture.variables.scalars import SymScalarVT
 from kiln.capture.variables.tensor import TensorMethodVT, TensorVT
 
@@ -84,7 +84,7 @@ class _Rebuilder:
             return f"{self.expr(vt.fn)}.__get__({self.expr(vt.self_vt)})"
         if isinstance(vt, TensorMethodVT):
             return f"{self.expr(vt.tensor)}.{vt.name}"
-        if isinstance(vt, BoundBuiltinMethod):
+        if isinstance(vt, (BoundBuiltinMethod, OpaqueMethodVT)):
             return f"{self.expr(vt.owner)}.{vt.name}"
         if isinstance(vt, SliceVT):
             return f"slice({self.expr(vt.start)}, {self.expr(vt.stop)}, {self.expr(vt.step)})"
@@ -252,7 +252,7 @@ def _callee_expr(rebuild: _Rebuilder, callee: VT, settings: CompileSettings) -> 
     if isinstance(callee, BoundMethodVT):
         fn = _callee_expr(rebuild, callee.fn, settings)
         return f"{fn}.__get__({rebuild.expr(callee.self_vt)})"
-    if isinstance(callee, (TensorMethodVT, BoundBuiltinMethod)):
+    if isinstance(callee, (TensorMethodVT, BoundBuiltinMethod, OpaqueMethodVT)):
         return rebuild.expr(callee)
     try:
         value = callee.as_constant()

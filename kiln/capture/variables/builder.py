@@ -97,11 +97,10 @@ def _wrap(tx: Translator, value: Any, source: Source, module_guard: bool) -> VT:
                               value, "__dict__"):
         guards.id_match(source, value, module=module_guard, location=loc)
         return _wrap_callable(tx, value, source)
-    if dataclasses.is_dataclass(value) or hasattr(value, "__dict__"):
-        guards.type_match(source, value, module=module_guard, location=loc)
-        return UserObjectVT(value, source, tx.output)
-    unsupported("unsupported-value", f"{source.name()} has type {type(value).__qualname__}, "
-                "which capture does not handle yet")
+    # any other object (a dataclass, a NumPy array, ...): its type is guarded, its attributes
+    # are read (and guarded) as the code uses them
+    guards.type_match(source, value, module=module_guard, location=loc)
+    return UserObjectVT(value, source, tx.output)
 
 
 def wrap_derived(tx: Translator, value: Any) -> VT:

@@ -161,8 +161,7 @@ class _ObjectBase(VT):
             return BoundMethodVT(wrap_derived(tx, attr), self)
         if isinstance(attr, (types.MethodDescriptorType, types.WrapperDescriptorType,
                              types.BuiltinFunctionType)) and isinstance(self, UserObjectVT):
-            from kiln.capture.variables.functions import OpaqueCallableVT
-            return OpaqueCallableVT(getattr(self.value, name))  # C method: runs at a break
+            return OpaqueMethodVT(self, name)  # a C method: runs natively at a graph break
         if isinstance(attr, property) and attr.fget is not None:
             return UserFunctionVT(attr.fget).call(tx, [self], {})
         if isinstance(attr, staticmethod):
@@ -210,6 +209,10 @@ class UserObjectVT(_ObjectBase):
                 wrap_derived(tx, value)
         if self.source is not None and hasattr(self.value, "__dict__"):
             tx.output.guards.not_in_dict(self.source, name, module=False)
+        if isinstance(attr, (types.GetSetDescriptorType, types.MemberDescriptorType)):
+            value = getattr(self.value, name)  # a C-level attribute (ndarray.shape, ...)
+            return wrap(tx, value, Attr(self.source, name)) if self.source else \
+                wrap_derived(tx, value)
         found = self.class_attr(tx, name)
         if found is not None:
             return found
@@ -222,6 +225,22 @@ class UserObjectVT(_ObjectBase):
         if not self.pending:
             tx.output.side_effects.append(("attrs", self))
         self.pending[name] = value
+
+
+class OpaqueMethodVT(VT):
+    """`obj.method` where the method is C code (ndarray.tobytes, ...): calling it stops capture;
+    at the graph break it is looked up again on the object of that call."""
+
+    def __init__(self, owner: VT, name: str) -> None:
+        self.owner = owner
+        self.name = name
+
+    def call(self, tx: Translator, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        unsupported("unsupported-callable", f"{self.owner.describe()}.{self.name}() is C code "
+                    "capture cannot look into", hint="kiln runs this call natively between graphs")
+
+    def describe(self) -> str:
+        return f"method {self.name} of {self.owner.describe()}"
 
 
 class NewObjectVT(_ObjectBase):
