@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = ["wrap", "wrap_derived"]
 
-_CONSTANT_TYPES = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device,
+_CONSTANT_TYPES = (type(None), bool, int, float, complex, str, torch.dtype, torch.device,
                    torch.layout, torch.memory_format, range, type(Ellipsis), type(NotImplemented),
                    enum.Enum, frozenset, torch.finfo, torch.iinfo)
 
@@ -109,7 +109,7 @@ def wrap_derived(tx: Translator, value: Any) -> VT:
         unsupported("tensor-constant", "a tensor reached capture without a source (a tensor "
                     "held by library code or created outside the graph)",
                     hint="pass the tensor as an argument or store it on the module")
-    if isinstance(value, _CONSTANT_TYPES):
+    if isinstance(value, (*_CONSTANT_TYPES, bytes)):  # bytes from the frame are objects, here values
         return ConstantVT(value)
     context = context_vt(value)
     if context is not None:

@@ -90,7 +90,17 @@ def _wrap_value(value: Any) -> VT:
     return ConstantVT(value)
 
 
+def _foldable(vt: VT) -> bool:
+    """Values a builtin may be evaluated on at compile time. Opaque objects (a NumPy scalar, a
+    frame object) are not: folding them would bake one call's value into the graph."""
+    if isinstance(vt, ListVT):
+        return all(_foldable(i) for i in vt.items)
+    return vt.is_constant() or isinstance(vt, SymScalarVT)
+
+
 def _all_constant(args: Args, kwargs: Kwargs) -> tuple[list, dict] | None:
+    if not all(_foldable(v) for v in (*args, *kwargs.values())):
+        return None
     try:
         return ([a.as_constant() for a in args],
                 {k: v.as_constant() for k, v in kwargs.items()})
