@@ -3,6 +3,7 @@ function (read inputs, call the compiled graph, replay side effects, rebuild the
 caller's exact Python structure), and the FX GraphModule handed to the backend."""
 from __future__ import annotations
 
+import inspect
 import types
 from typing import TYPE_CHECKING, Any
 
@@ -16,8 +17,8 @@ from kiln.capture.unsupported import unsupported
 from kiln.capture.variables.base import VT, ConstantVT, LazyVT, NotConstant, NullVT
 from kiln.capture.variables.builtins import BuiltinVT, SpecialVT
 from kiln.capture.variables.containers import BoundBuiltinMethod, DictVT, ListVT, SliceVT, TupleVT
-from kiln.capture.variables.functions import (BoundMethodVT, OpaqueCallableVT, TorchFunctionVT,
-                                              UserFunctionVT)
+from kiln.capture.variables.functions import (BoundMethodVT, GeneratorVT, OpaqueCallableVT,
+                                              TorchFunctionVT, UserFunctionVT)
 from kiln.capture.variables.nn_module import ModuleVT
 from kiln.capture.variables.objects import (AutocastVT, ClassVT, GradModeVT, NewObjectVT,
                                             OpaqueMethodVT, PythonModuleVT, UserObjectVT)
@@ -61,6 +62,8 @@ class _Rebuilder:
         self.consts = output.consts
         self.input_source = {inp.node: inp.source for inp in output.inputs}
         self.outputs: list[torch.fx.Node] = []
+        self._made: dict[int, str] = {}  # objects created again at a break, by tracker id
+        self.prelude: list[str] = []  # statements creating them, run right after the graph
         self._out_index: dict[torch.fx.Node, int] = {}
 
     def expr(self, vt: VT) -> str:
@@ -86,6 +89,8 @@ class _Rebuilder:
             return f"{self.expr(vt.tensor)}.{vt.name}"
         if isinstance(vt, (BoundBuiltinMethod, OpaqueMethodVT)):
             return f"{self.expr(vt.owner)}.{vt.name}"
+        if isinstance(vt, GeneratorVT):
+            return self._generator(vt)
         if isinstance(vt, SliceVT):
             return f"slice({self.expr(vt.start)}, {self.expr(vt.stop)}, {self.expr(vt.step)})"
         if isinstance(vt, NewObjectVT):
@@ -101,6 +106,31 @@ class _Rebuilder:
                     "region is not supported yet",
                     hint="keep such values (generators, functions made inside, iterators) "
                          "inside the compiled code, or create them outside it")
+
+    def _generator(self, vt: GeneratorVT) -> str:
+        """A generator the traced code created but did not start: create it again (once)."""
+        if vt.items is not None or not isinstance(vt.fn, UserFunctionVT):
+            unsupported("output-value", "a generator that capture already started cannot be "
+                        "handed to Python code", hint="consume generators with for/list/tuple "
+                        "inside the compiled code, or create them outside it")
+        name = self._made.get(id(vt))
+        if name is not None:
+            return name
+        name = self._made[id(vt)] = f"__made{len(self._made)}"
+        code = vt.fn.code()
+        flags = code.co_flags
+        names = code.co_varnames
+        npos, nkw = code.co_argcount, code.co_kwonlyargcount
+        parts = [self.expr(vt.bound[n]) for n in names[:npos]]
+        index = npos + nkw
+        if flags & inspect.CO_VARARGS:
+            parts.append(f"*{self.expr(vt.bound[names[index]])}")
+            index += 1
+        parts += [f"{n}={self.expr(vt.bound[n])}" for n in names[npos:npos + nkw]]
+        if flags & inspect.CO_VARKEYWORDS:
+            parts.append(f"**{self.expr(vt.bound[names[index]])}")
+        self.prelude.append(f"{name} = {self.consts.ref(vt.fn.fn)}({', '.join(parts)})")
+        return name
 
     def _node(self, node: torch.fx.Node) -> str:
         if node in self.input_source:  # an input returned as is keeps its identity
@@ -158,6 +188,7 @@ def build_entry_code(output: OutputGraph, result: VT) -> EntryCode:
 
 def _finish(output: OutputGraph, rebuild: _Rebuilder, tail: list[str]) -> EntryCode:
     """Close the graph over the values `tail` reads and put the graph call in front of it."""
+    tail = [*rebuild.prelude, *tail]
     if output.call_count() == 0:
         return EntryCode(tail, None, [])
     output.graph.output(tuple(rebuild.outputs))
