@@ -92,14 +92,6 @@ class CodeCache:
                     guard.failure(namespace) is not None:
                 self.dynamic.add(guard.value)
 
-    def revalidate(self, namespace: dict[str, Any]) -> CacheEntry | None:
-        """An entry whose guards all hold although the module version moved; refresh it."""
-        for entry in self.entries:
-            if all(g.failure(namespace) is None for g in entry.guards):
-                entry.version[0] = MODULE_VERSION[0]
-                return entry
-        return None
-
 
 # Keyed by code object *identity*: equal code objects (two identical nested functions) must not
 # share entries, since their globals and closures differ.
@@ -173,6 +165,7 @@ class Dispatcher:
     variants: dict[int, Callable]
     empty: Callable
     checks: dict[int, Callable]
+    rebinds: dict[int, Callable]
     entries: dict[int, Callable]
     eager: Callable
     fallback: Callable
@@ -201,6 +194,7 @@ def build_dispatcher(cache: CodeCache, fn: types.FunctionType, slow: Callable[..
         fast.append(f"__modver[0] == __ev{i}[0]")
         lines.append(f"def __check{i}({params}):")
         lines.append(f"    return {' and '.join(fast)}")
+        lines.extend(_rebind_source(i, entry, params))
         lines.append(f"def __variant{i}({signature}):")
         lines.append(f"    if {' and '.join(fast)}:")
         lines.append(f"        return __entry{i}({params})")
@@ -214,14 +208,29 @@ def build_dispatcher(cache: CodeCache, fn: types.FunctionType, slow: Callable[..
     source = "\n".join(lines) + "\n"
     exec(compile(source, f"<kiln dispatcher for {fn.__qualname__}>", "exec"), namespace)  # noqa: S102
     named = {}
-    for kind in ("variant", "check", "entry"):
+    for kind in ("variant", "check", "rebind", "entry"):
         named[kind] = {id(e): namespace[f"__{kind}{i}"] for i, e in enumerate(cache.entries)}
     for variant in (*named["variant"].values(), namespace["__empty"]):
         variant.__defaults__ = fn.__defaults__
         variant.__kwdefaults__ = fn.__kwdefaults__
         variant.__name__ = variant.__qualname__ = fn.__name__
-    return Dispatcher(named["variant"], namespace["__empty"], named["check"], named["entry"],
+    return Dispatcher(named["variant"], namespace["__empty"], named["check"], named["rebind"],
+                      named["entry"],
                       namespace["__eager"], namespace["__fallback"], namespace, source)
+
+
+def _rebind_source(i: int, entry: CacheEntry, params: str) -> list[str]:
+    """`__rebind{i}(params)`: if every guard but module identity holds for these arguments (say
+    another instance of the same layer class), point the identity slots at them; True on success."""
+    others = [g.source() for g in entry.guards if g.kind != "instance"]
+    slots = [g for g in entry.guards if g.kind == "instance"]
+    lines = [f"def __rebind{i}({params}):", "    try:",
+             f"        if not ({' and '.join(others) or 'True'}):", "            return False",
+             "    except Exception:  # a guard on state that is gone (a deleted attribute, ...)",
+             "        return False"]
+    lines += [f"    {g.expected_src[:-len('.get()')]}.set({g.value})" for g in slots]
+    lines.append("    return True")
+    return lines
 
 
 def _safe_name(name: str) -> str:

@@ -96,6 +96,11 @@ class CompiledFunction:
         for entry in self.cache.entries:
             if self.dispatcher.checks[id(entry)](*values):
                 return self._hit(entry)(*values)
+        if not compiling():  # module state changed, or another instance of the same class
+            for entry in self.cache.entries:
+                if self.dispatcher.rebinds[id(entry)](*values):
+                    entry.version[0] = MODULE_VERSION[0]
+                    return self._hit(entry)(*values)
         return self.miss(*values)(*values)
 
     def _hit(self, entry: CacheEntry) -> Callable:
@@ -112,9 +117,6 @@ class CompiledFunction:
                 self.refresh()
             return self.dispatcher.fallback
         namespace = {**self.dispatcher.namespace, **dict(zip(cache.params, values))}
-        entry = cache.revalidate(namespace)
-        if entry is not None:
-            return self._hit(entry)
         if cache.entries:
             self._report_recompile(namespace)
             cache.note_changed_scalars(namespace)

@@ -43,6 +43,7 @@ class Guard:
     module: bool = False
     location: UserLocation | None = None
     display: str | None = None  # how the whole guard reads to the user, when `user op expected` won't
+    slot: Any = None  # InstanceSlot of a rebindable module-identity guard (kind "instance")
 
     def source(self) -> str:
         return f"{self.value} {self.op} {self.expected_src}"
@@ -79,6 +80,22 @@ def _show(value: Any) -> str:
         return f"the object seen at compile time ({value.text})"
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+class InstanceSlot:
+    """The module instance an entry was last verified for (weakly held). Another instance of the
+    same class whose every other guard holds may reuse the entry: the slot is then rebound."""
+
+    __slots__ = ("ref", "__weakref__")
+
+    def __init__(self, obj: Any) -> None:
+        self.ref = weakref.ref(obj)
+
+    def get(self) -> Any:
+        return self.ref()
+
+    def set(self, obj: Any) -> None:
+        self.ref = weakref.ref(obj)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,6 +171,15 @@ class GuardSet:
                  location: UserLocation | None = None) -> None:
         self._add(source.expr(), "is", _IdentityOf(source.name()), source.name(), "id",
                   module=module, location=location, expected_src=self.consts.ref(value))
+
+    def module_instance(self, source: Source, value: torch.nn.Module, *, module: bool = False,
+                        location: UserLocation | None = None) -> None:
+        """Type always; identity through a rebindable slot (see InstanceSlot)."""
+        self.type_match(source, value, module=module, location=location)
+        slot = InstanceSlot(value)
+        self.add(Guard(source.expr(), "is", f"{self.consts.ref(slot)}.get()",
+                       _IdentityOf(source.name()), source.name(), "instance", module, location,
+                       slot=slot))
 
     def equals(self, source: Source, value: Any, *, module: bool = False,
                location: UserLocation | None = None) -> None:

@@ -815,15 +815,19 @@ def test_break_inside_layer_loop(train, capsys):
         assert_same_structure_and_values(expected, actual)
         if call == 0:
             # forward runs route-only (break inside a loop); each layer instance is routed
-            # through kiln: one graph per layer (linear, relu)
-            assert backend.count == 3
+            # through kiln, and layers (one class, same guarded state) share a graph (linear,
+            # relu), each call reading its own layer's parameters. The first layer's input
+            # differs (a leaf input vs a layer output: requires_grad), so at most 2 graphs,
+            # as TorchDynamo.
+            first = backend.count
+            assert 1 <= first <= 2
             for gm in backend.gms:
                 assert "linear" in target_names(gm) and "relu" in target_names(gm), \
                     target_names(gm)
-    assert backend.count == 3  # 20 calls: no recompile storm
+    assert backend.count == first  # 20 calls: no recompile storm
 
     out = kiln.explain(copy.deepcopy(reference))(torch.randn(2, 8))
-    assert out.graph_count == 3
+    assert out.graph_count <= 2  # explain runs with grad on: the leaf-input layer differs
     assert any(_points_at(r, "BRK-LOOP") for r in out.break_reasons), _render_all(out)
     record = next(r for r in out.break_reasons if _points_at(r, "BRK-LOOP"))
     assert any("loop" in h for h in record.hints), record.render()

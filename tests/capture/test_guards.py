@@ -428,14 +428,22 @@ def test_instance_attribute_shadows_class_attribute_on_plain_object(counting_bac
 
 
 def test_two_instances_of_one_module_class(counting_backend):
+    # Instances whose guarded state matches share one graph (each call reads its own parameters);
+    # an instance whose state differs gets its own entry. Results always match eager.
     m1, m2 = _Flagged(), _Flagged()
     c1, c2 = _compile(m1, counting_backend), _compile(m2, counting_backend)
     x = torch.randn(3, 4)
     _run(c1, m1, x)
     _run(c2, m2, x)
-    assert counting_backend.count == 2
+    assert counting_backend.count == 1
     _run(c1, m1, x)
     _run(c2, m2, x)
+    assert counting_backend.count == 1
+    m3 = _Flagged()
+    m3.use_relu = not m3.use_relu
+    c3 = _compile(m3, counting_backend)
+    _run(c3, m3, x)
+    _run(c1, m1, x)
     assert counting_backend.count == 2
 
 

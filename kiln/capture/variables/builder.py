@@ -77,7 +77,7 @@ def _wrap(tx: Translator, value: Any, source: Source, module_guard: bool) -> VT:
                          {k: wrap(tx, v, Item(Attr(source, "keywords"), k))
                           for k, v in value.keywords.items()}, source)
     if isinstance(value, torch.nn.Module):
-        guards.id_match(source, value, module=module_guard, location=loc)
+        guards.module_instance(source, value, module=module_guard, location=loc)
         return ModuleVT(value, source)
     if type(value) in (tuple, list) or isinstance(value, tuple):
         guards.length(source, value, module=module_guard, location=loc)
