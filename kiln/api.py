@@ -106,3 +106,5 @@ def reset() -> None:
     clear_decode_cache()
     reset_compiled_functions()
     reset_warnings()
+    import kiln.lower
+    kiln.lower.reset()

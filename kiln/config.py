@@ -34,11 +34,11 @@ _FIELDS: dict[str, _Field] = {
     "logs": _Field("", str, "KILN_LOGS", "comma list of log artifacts (see kiln.logs)"),
     "identity_transform": _Field(False, bool, "KILN_IDENTITY_TRANSFORM",
                                  "decode, normalize and reassemble code; run it without capture"),
-    "verify": _Field(False, bool, "KILN_VERIFY", "compare compiled results with eager on first call"),
     "suppress_errors": _Field(True, bool, "KILN_SUPPRESS_ERRORS",
                               "internal compiler errors fall back to eager with a warning"),
-    "inline_inbuilt_nn_modules": _Field(True, bool, None, "trace into torch.nn modules"),
     "default_backend": _Field("eager", str, "KILN_BACKEND", "backend used when none is given"),
+    "eager_rng": _Field(False, bool, "KILN_EAGER_RNG",
+                        "random ops run exactly as eager (not decomposed, unused ones kept)"),
 }
 
 
@@ -92,7 +92,7 @@ class Config:
         return {name: getattr(self, name) for name in _FIELDS}
 
     def patch(self, **overrides: Any) -> contextlib.AbstractContextManager[None]:
-        """Temporarily set values: `with config.patch(verify=True):` or `@config.patch(...)`."""
+        """Temporarily set values: `with config.patch(eager_rng=True):` or `@config.patch(...)`."""
         for name in overrides:
             if name not in _FIELDS:
                 self.__setattr__(name, None)  # raises the AttributeError listing valid names

@@ -27,9 +27,8 @@ def test_defaults():
         "debug_dir": None,
         "logs": "",
         "identity_transform": False,
-        "verify": False,
         "suppress_errors": True,
-        "inline_inbuilt_nn_modules": True,
+        "eager_rng": False,
         "default_backend": "eager",
     }
 
@@ -38,8 +37,8 @@ def test_defaults():
     ("1", True), ("true", True), ("YES", True), ("0", False), ("false", False), ("no", False),
 ])
 def test_env_bool(env, raw, expected):
-    env(KILN_VERIFY=raw, KILN_SUPPRESS_ERRORS=raw)
-    assert config.verify is expected
+    env(KILN_EAGER_RNG=raw, KILN_SUPPRESS_ERRORS=raw)
+    assert config.eager_rng is expected
     assert config.suppress_errors is expected
 
 
@@ -66,18 +65,18 @@ def test_bad_int_names_variable(env):
 
 def test_patch_context_manager_restores():
     before = config.recompile_limit
-    with config.patch(recompile_limit=before + 5, verify=True):
+    with config.patch(recompile_limit=before + 5, eager_rng=True):
         assert config.recompile_limit == before + 5
-        assert config.verify is True
+        assert config.eager_rng is True
     assert config.recompile_limit == before
-    assert config.verify is False
+    assert config.eager_rng is False
 
 
 def test_patch_restores_on_exception():
     with pytest.raises(RuntimeError):
-        with config.patch(verify=True):
+        with config.patch(eager_rng=True):
             raise RuntimeError("boom")
-    assert config.verify is False
+    assert config.eager_rng is False
 
 
 def test_patch_decorator_restores():

@@ -17,6 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 __all__ = [
     "FakeTensor",
     "FakeTensorMode",
+    "OpOverload",
     "TorchDispatchMode",
     "core_aten_decompositions",
     "current_autograd_node",
@@ -25,10 +26,15 @@ __all__ = [
     "is_fake",
     "new_fake_mode",
     "original_view_tracking",
+    "python_dispatcher",
+    "schema",
+    "sequence_nr",
     "storage_key",
     "tree_flatten",
     "tree_unflatten",
 ]
+
+OpOverload = torch._ops.OpOverload
 
 tree_flatten: Callable[[Any], tuple[list[Any], Any]] = pytree.tree_flatten
 tree_unflatten: Callable[[list[Any], Any], Any] = pytree.tree_unflatten
@@ -44,7 +50,7 @@ def is_fake(value: Any) -> bool:
 
 
 def fake_constant(fake: Any) -> torch.Tensor | None:
-    """The real tensor a fake tensor stands for when it came from a constant (`torch.tensor(...)`)."""
+    """The real tensor behind a fake one made from a constant (`torch.tensor(...)`), or None."""
     return getattr(fake, "constant", None)
 
 
@@ -60,6 +66,17 @@ def has_composite_implicit_kernel(op: torch._ops.OpOverload) -> bool:
         op.name(), torch._C.DispatchKey.CompositeImplicitAutograd)
 
 
+def schema(op: OpOverload) -> Any:
+    """The op's FunctionSchema (arguments with alias annotations, name, is_mutable)."""
+    return op._schema
+
+
+def sequence_nr(grad_fn: Any) -> int:
+    """The sequence number autograd gave a graph node (shared by the forward op and its
+    backward node)."""
+    return grad_fn._sequence_nr()
+
+
 def current_autograd_node() -> Any:
     """The autograd graph node the engine is running now (None outside a backward pass)."""
     return torch._C._current_autograd_node()
@@ -71,6 +88,15 @@ def original_view_tracking() -> Iterator[None]:
     so backward formulas of mutations through views stay in the readable view vocabulary."""
     with torch.autograd._force_original_view_tracking(True):
         yield
+
+
+def python_dispatcher() -> contextlib.AbstractContextManager[None]:
+    """Dispatch through torch's Python kernels: ops whose C++ schema hides a mutation
+    (native_batch_norm, cudnn_batch_norm) become their correctly annotated variants
+    (_native_batch_norm_legit), so functionalization sees the running-stat updates."""
+    from torch._dispatch.python import enable_python_dispatcher
+
+    return enable_python_dispatcher()
 
 
 def storage_key(tensor: torch.Tensor) -> StorageWeakRef:

@@ -63,14 +63,14 @@ def _native_multi_head_attention(query: torch.Tensor, key: torch.Tensor, value: 
     return out, (probs.mean(dim=1) if average_attn_weights else probs)
 
 
-EXTRAS: dict[torch._ops.OpOverload, Callable] = {
+EXTRAS: dict[_compat.OpOverload, Callable] = {
     aten._native_multi_head_attention.default: _native_multi_head_attention,
 }
 
 
-def keeps(op: torch._ops.OpOverload) -> bool:
+def keeps(op: _compat.OpOverload) -> bool:
     """True when the policy leaves `op` as it is."""
-    name = op._schema.name
+    name = f"{op.namespace}::{op.overloadpacket.__name__}"
     return name in KEEP or name.startswith(KEEP_PREFIXES)
 
 

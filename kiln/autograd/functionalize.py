@@ -33,11 +33,10 @@ def functionalize_raw(raw: RawTrace, decompositions: dict) -> JointGraph:
     fake_mode = raw.fake_mode
     tracer = ATenTracer(fake_mode, decompositions)
     with fake_mode:
-        primals = [p.detach() if isinstance(p, torch.Tensor) else p for p in raw.primals]
+        primals = [p.detach() for p in raw.primals]
         tangents = [t.detach() for t in raw.tangents]
     for i, primal in enumerate(primals):
-        if isinstance(primal, torch.Tensor):
-            tracer.placeholder(f"primals_{i}", primal)
+        tracer.placeholder(f"primals_{i}", primal)
     for j, tangent in enumerate(tangents):
         tracer.placeholder(f"tangents_{j}", tangent)
     constants = {name: tracer.constant(value) for name, value in raw.constants.items()}
@@ -71,7 +70,8 @@ def functionalize_raw(raw: RawTrace, decompositions: dict) -> JointGraph:
         num_tangents=len(tangents), primals_requiring_grad=list(raw.requires_grad),
         training=raw.training, mutated_inputs=mutated, outputs=raw.outputs,
         tangent_specs=raw.tangent_specs, output_spec=raw.output_spec,
-        input_sources=raw.input_sources, lifted_attrs=raw.lifted_attrs)
+        input_sources=raw.input_sources, lifted_attrs=raw.lifted_attrs,
+        static_input_indices=tuple(i for i in raw.static_inputs if i not in updates.values))
 
 
 class _InputUpdates:
@@ -80,7 +80,7 @@ class _InputUpdates:
 
     def __init__(self, tracer: ATenTracer, primals: list) -> None:
         self.tracer = tracer
-        self.index = {id(p): i for i, p in enumerate(primals) if isinstance(p, torch.Tensor)}
+        self.index = {id(p): i for i, p in enumerate(primals)}
         self.values: dict[int, torch.fx.Node] = {}
 
     def __call__(self, dst: torch.Tensor, src: torch.Tensor) -> bool:
@@ -112,8 +112,7 @@ class _ReplayRaw(torch.fx.Interpreter):
 
 
 def _refuse_aliased_mutations(updates: dict[int, Any], primals: list) -> None:
-    keys = {i: _compat.storage_key(p) for i, p in enumerate(primals)
-            if isinstance(p, torch.Tensor)}
+    keys = {i: _compat.storage_key(p) for i, p in enumerate(primals)}
     for i in updates:
         others = [j for j, key in keys.items() if j != i and key == keys[i]]
         if others:
@@ -145,7 +144,7 @@ def tag_phases(graph: torch.fx.Graph) -> None:
 def check_functional(gm: torch.fx.GraphModule) -> None:
     """No node mutates and every node carries meta["val"] (an internal invariant)."""
     for node in gm.graph.nodes:
-        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) \
+        if node.op == "call_function" and isinstance(node.target, _compat.OpOverload) \
                 and mutated_arg_positions(node.target):
             raise InternalError(f"the functional graph still mutates: {node.format_node()}",
                                 stage="autograd")

@@ -93,7 +93,8 @@ class JointGraph:
 
     outputs: one OutputInfo per flattened captured-graph output (`output_spec` rebuilds the
     structure); tangent_specs: the layout each tangent was traced with (the runtime coerces the
-    incoming gradients to it)."""
+    incoming gradients to it). static_input_indices: primals alive anyway (parameters, buffers,
+    module attributes; never a mutated input), free for the partitioner to save."""
 
     gm: torch.fx.GraphModule
     num_fw_outputs: int
@@ -107,6 +108,7 @@ class JointGraph:
     output_spec: Any = None
     input_sources: tuple[str | None, ...] = ()
     lifted_attrs: tuple[str, ...] = ()
+    static_input_indices: tuple[int, ...] = ()
 
     @property
     def num_user_outputs(self) -> int:
@@ -118,28 +120,32 @@ class JointGraph:
 _write_args_cache: dict[Any, tuple[int, ...]] = {}
 
 
-def mutated_arg_positions(op: torch._ops.OpOverload) -> tuple[int, ...]:
+def mutated_arg_positions(op: _compat.OpOverload) -> tuple[int, ...]:
     """Positions of the schema arguments `op` writes to (`Tensor(a!)`)."""
     found = _write_args_cache.get(op)
     if found is None:
-        found = tuple(i for i, arg in enumerate(op._schema.arguments)
+        found = tuple(i for i, arg in enumerate(_compat.schema(op).arguments)
                       if arg.alias_info is not None and arg.alias_info.is_write)
         _write_args_cache[op] = found
     return found
 
 
-def _bound_args(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> list[Any]:
+def _bound_args(op: _compat.OpOverload, args: tuple, kwargs: dict) -> list[Any]:
     values = list(args)
-    for arg in op._schema.arguments[len(args):]:
+    for arg in _compat.schema(op).arguments[len(args):]:
         values.append(kwargs.get(arg.name))
     return values
+
+
+_UNKNOWN = object()
 
 
 class ATenTracer(_compat.TorchDispatchMode):
     """Records the ATen ops that reach it into `self.graph` (see the module docstring).
 
     Tensors are matched to nodes by identity (strong references keep ids unique for the trace);
-    an op that writes to an argument rebinds that tensor to the op's node. `decompositions` maps
+    an op that returns its mutated argument (in-place, out=) rebinds it to the op's node. Ops the
+    policy keeps are recorded whole; otherwise `decompositions` maps
     ops to Python decompositions, applied by re-entering the tracer; CompositeImplicitAutograd ops
     are expanded the same way. `provenance` is copied onto every new node."""
 
@@ -151,19 +157,18 @@ class ATenTracer(_compat.TorchDispatchMode):
         self.provenance: dict[str, Any] = {}
         self.constants: dict[str, torch.Tensor] = {}
         self.paused = False
-        self.on_mutation: Callable[[torch._ops.OpOverload, list], None] | None = None
+        self.on_mutation: Callable[[_compat.OpOverload, list], None] | None = None
         self.on_input_copy: Callable[[torch.Tensor, torch.Tensor], bool] | None = None
         self.backward_provenance: dict[int, dict[str, Any]] | None = None
         self._nodes: dict[int, torch.fx.Node] = {}
         self._alive: list[Any] = []
+        self._expansions: dict[Any, Callable | None] = {}
+        self._kept: set[Any] = set()
 
     # -- tensors and nodes ---------------------------------------------------------------------
     def bind(self, tensor: torch.Tensor, node: torch.fx.Node) -> None:
         self._nodes[id(tensor)] = node
         self._alive.append(tensor)
-
-    def node_of(self, tensor: torch.Tensor) -> torch.fx.Node | None:
-        return self._nodes.get(id(tensor))
 
     def placeholder(self, name: str, value: torch.Tensor) -> torch.fx.Node:
         first = next((n for n in self.graph.nodes if n.op != "placeholder"), None)
@@ -217,7 +222,7 @@ class ATenTracer(_compat.TorchDispatchMode):
         if self.on_input_copy is not None and func is torch.ops.aten.copy_.default \
                 and self.on_input_copy(args[0], args[1]):
             return args[0]
-        if not keeps(func):
+        if func not in self._kept and not self._keep(func):
             expanded = self._expand(func, args, kwargs)
             if expanded is not NotImplemented:
                 return expanded
@@ -225,15 +230,23 @@ class ATenTracer(_compat.TorchDispatchMode):
         self._record(func, args, kwargs, out)
         return out
 
+    def _keep(self, func: Any) -> bool:
+        if keeps(func):
+            self._kept.add(func)
+            return True
+        return False
+
     def _expand(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        decomposition = self.decompositions.get(func)
-        if decomposition is not None:
-            with self:
-                return decomposition(*args, **kwargs)
-        if _compat.has_composite_implicit_kernel(func):
-            with self:
-                return func.decompose(*args, **kwargs)
-        return NotImplemented
+        expansion = self._expansions.get(func, _UNKNOWN)
+        if expansion is _UNKNOWN:
+            expansion = self.decompositions.get(func)
+            if expansion is None and _compat.has_composite_implicit_kernel(func):
+                expansion = func.decompose
+            self._expansions[func] = expansion
+        if expansion is None:
+            return NotImplemented
+        with self:
+            return expansion(*args, **kwargs)
 
     def _record(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
         writes = mutated_arg_positions(func)
@@ -254,16 +267,12 @@ class ATenTracer(_compat.TorchDispatchMode):
                     item_node.meta.update(node.meta)
                     item_node.meta["val"] = item
                     self.bind(item, item_node)
-        for position in writes:  # later uses read the mutated value: order them after this op
-            target = _bound_args(func, args, kwargs)[position]
-            if isinstance(target, torch.Tensor) and target is not out:
-                self.bind(target, node)
 
     def _current_provenance(self) -> dict[str, Any]:
         if self.backward_provenance is not None:
             grad_fn = _compat.current_autograd_node()
             if grad_fn is not None:
-                found = self.backward_provenance.get(grad_fn._sequence_nr())
+                found = self.backward_provenance.get(_compat.sequence_nr(grad_fn))
                 if found is not None:
                     return found
         return self.provenance
@@ -276,7 +285,7 @@ class ATenTracer(_compat.TorchDispatchMode):
         stack = [t.grad_fn for t in _tensors(value) if t.grad_fn is not None]
         while stack:
             grad_fn = stack.pop()
-            key = grad_fn._sequence_nr()
+            key = _compat.sequence_nr(grad_fn)
             if key in self.backward_provenance:
                 continue
             self.backward_provenance[key] = dict(self.provenance)
@@ -285,8 +294,7 @@ class ATenTracer(_compat.TorchDispatchMode):
     def graph_module(self) -> torch.fx.GraphModule:
         root = torch.nn.Module()
         for name, value in self.constants.items():
-            setattr(root, name, value) if not isinstance(value, torch.nn.Parameter) \
-                else root.register_parameter(name, value)
+            setattr(root, name, value)
         return torch.fx.GraphModule(root, self.graph, class_name="JointGraph")
 
 
@@ -325,6 +333,7 @@ class RawTrace:
     mutated: set[int]
     input_sources: tuple[str | None, ...]
     lifted_attrs: tuple[str, ...]
+    static_inputs: tuple[int, ...]
 
     @property
     def training(self) -> bool:
@@ -370,13 +379,16 @@ def trace_raw(gm: torch.fx.GraphModule, example_inputs: list, *, training: bool)
     autograd.grad inside the trace."""
     lifted = lifted_attributes(gm)
     reals = [*example_inputs, *(value for _, value in lifted)]
+    if any(not isinstance(real, torch.Tensor) for real in reals):
+        kinds = sorted({type(r).__name__ for r in reals if not isinstance(r, torch.Tensor)})
+        raise AutogradUnsupported(f"graph inputs that are not tensors ({', '.join(kinds)})",
+                                  hint="the graph runs eagerly instead")
     fake_mode = _compat.new_fake_mode()
     tracer = ATenTracer(fake_mode)
     primals = [_fake_input(fake_mode, real, training) for real in reals]
-    requires_grad = [isinstance(p, torch.Tensor) and p.requires_grad for p in primals]
+    requires_grad = [p.requires_grad for p in primals]
     for i, primal in enumerate(primals):
-        if isinstance(primal, torch.Tensor):
-            tracer.placeholder(f"primals_{i}", primal)
+        tracer.placeholder(f"primals_{i}", primal)
     watch = _MutationWatch(primals, requires_grad)
     tracer.on_mutation = watch
     if training:
@@ -385,7 +397,7 @@ def trace_raw(gm: torch.fx.GraphModule, example_inputs: list, *, training: bool)
     tangents: list[torch.Tensor] = []
     grads: list[Any] = [None] * len(primals)
     try:
-        with fake_mode, tracer, _compat.original_view_tracking(), \
+        with fake_mode, tracer, _compat.original_view_tracking(), _compat.python_dispatcher(), \
                 torch.set_grad_enabled(training):
             out = _Replay(gm, tracer, attrs).run(*primals[:len(example_inputs)])
             flat, spec = _compat.tree_flatten(out)
@@ -400,20 +412,19 @@ def trace_raw(gm: torch.fx.GraphModule, example_inputs: list, *, training: bool)
         raise
     watch.raise_refusals()
     tensor_outs = [flat[k] for k, info in enumerate(outputs) if info.kind != "constant"]
+    sources = _sources(gm, lifted)
     tracer.graph.output(tracer.to_nodes((*tensor_outs, *(grads if tangents else ()))))
     specs = tuple(TensorSpec.of(t) for t in tangents)
     return RawTrace(tracer.graph_module(), dict(tracer.constants), fake_mode, primals, tangents,
-                    requires_grad, outputs, spec, specs, watch.mutated, _sources(gm, lifted),
-                    tuple(name for name, _ in lifted))
+                    requires_grad, outputs, spec, specs, watch.mutated, sources,
+                    tuple(name for name, _ in lifted), _static_inputs(reals, sources, len(lifted)))
 
 
 _REFUSAL_HINT = ("the graph runs eagerly instead; move the mutation out of the compiled region "
                  "or onto a tensor that does not require grad")
 
 
-def _fake_input(fake_mode: Any, real: Any, training: bool) -> Any:
-    if not isinstance(real, torch.Tensor):
-        return real
+def _fake_input(fake_mode: Any, real: torch.Tensor, training: bool) -> torch.Tensor:
     fake = fake_mode.from_tensor(real.detach(), static_shapes=True)  # detach: a fresh leaf
     if training and real.requires_grad:
         fake.requires_grad_(True)
@@ -431,6 +442,15 @@ def _attr_map(lifted: list[tuple[str, torch.Tensor]], fakes: list) -> dict[str, 
 def _sources(gm: torch.fx.GraphModule, lifted: list) -> tuple[str | None, ...]:
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     return (*(n.meta.get("source", n.name) for n in placeholders), *(name for name, _ in lifted))
+
+
+def _static_inputs(reals: list, sources: tuple, num_lifted: int) -> tuple[int, ...]:
+    """Inputs that live as long as their module does: parameters, lifted attributes, and tensors
+    capture read through an attribute or item (`self.bn.running_mean`), not a plain argument."""
+    first_lifted = len(reals) - num_lifted
+    return tuple(i for i, (real, source) in enumerate(zip(reals, sources))
+                 if i >= first_lifted or isinstance(real, torch.nn.Parameter)
+                 or (source is not None and not source.isidentifier()))
 
 
 class _Replay(torch.fx.Interpreter):
@@ -476,12 +496,11 @@ class _MutationWatch:
         self.requires_grad = requires_grad
         self.storages: dict[Any, list[int]] = {}
         for i, p in enumerate(primals):
-            if isinstance(p, torch.Tensor):
-                self.storages.setdefault(_compat.storage_key(p), []).append(i)
+            self.storages.setdefault(_compat.storage_key(p), []).append(i)
         self.mutated: set[int] = set()
         self.refusals: list[str] = []
 
-    def __call__(self, op: torch._ops.OpOverload, bound: list) -> None:
+    def __call__(self, op: _compat.OpOverload, bound: list) -> None:
         for position in mutated_arg_positions(op):
             target = bound[position]
             if not isinstance(target, torch.Tensor):
@@ -492,8 +511,8 @@ class _MutationWatch:
             self.mutated.update(hit)
             if op.namespace not in ("aten", "prims"):
                 self.refuse(f"custom op {op} mutates input {self._name(hit[0])}")
-            elif torch.Tag.inplace_view in op.tags or op._schema.name in ("aten::set_",
-                                                                           "aten::resize_"):
+            elif torch.Tag.inplace_view in op.tags or _compat.schema(op).name in (
+                    "aten::set_", "aten::resize_"):
                 self.refuse(f"{op} changes the shape or strides of input {self._name(hit[0])}")
 
     def check_after_forward(self) -> None:
@@ -520,8 +539,7 @@ def _classify_outputs(flat: list, primals: list) -> tuple[tuple[OutputInfo, ...]
     """One OutputInfo per flattened output; also the outputs that receive tangents."""
     by_storage: dict[Any, int] = {}
     for i, p in enumerate(primals):
-        if isinstance(p, torch.Tensor):
-            by_storage.setdefault(_compat.storage_key(p), i)
+        by_storage.setdefault(_compat.storage_key(p), i)
     infos: list[OutputInfo] = []
     diff: list[torch.Tensor] = []
     seen: dict[int, int] = {}

@@ -1,7 +1,8 @@
 """backends: captured FX graph + example inputs → callable (torch.compile's backend contract).
 
-Registered names: "eager" (run the captured graph), "inductor" (torch's, for comparison). Later:
-"aot_eager" and "kiln". Any callable(gm, example_inputs) is a backend too.
+Registered names: "eager" (run the captured graph), "aot_eager" (kiln's autograd stage: ATen
+forward/backward graphs run by torch), "inductor" (torch's, for comparison). Later: "kiln" (the
+lowering/fusion/Triton pipeline). Any callable(gm, example_inputs) is a backend too.
 """
 
 from __future__ import annotations

@@ -46,7 +46,18 @@ def test_corpus_case_matches_eager(case):
     assert ok, f"{case.name}: {error}"
 
 
-@pytest.mark.parametrize("case", corpus.CASES, ids=[c.name for c in corpus.CASES])
+# TorchDynamo traces NumPy calls as tensor ops (torch._numpy); kiln treats NumPy as opaque code
+# and breaks at each NumPy call, so it has one more graph there. A known gap, kept visible.
+_KNOWN_ABOVE_DYNAMO = {"numpy_sum": "kiln does not trace NumPy code as tensor ops yet"}
+
+
+def _marked(case):
+    why = _KNOWN_ABOVE_DYNAMO.get(case.name)
+    marks = [pytest.mark.xfail(strict=True, reason=why)] if why else []
+    return pytest.param(case, id=case.name, marks=marks)
+
+
+@pytest.mark.parametrize("case", [_marked(c) for c in corpus.CASES])
 def test_corpus_case_kiln_graphs_not_above_dynamo(case):
     kiln_graphs, kiln_breaks = corpus.measure_kiln(case)
     dynamo_graphs, dynamo_breaks = corpus.measure_dynamo(case)

@@ -1,0 +1,105 @@
+"""The lower stage's only door to private torch APIs (checked on torch 2.11 and 2.13).
+
+Tracing (`make_fx`), fake tensors, torch's decomposition tables and its elementwise type
+promotion live behind the small functions here, so a torch upgrade that moves one of them breaks
+in exactly one place.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.fx
+
+__all__ = [
+    "OpOverload",
+    "PROMOTION",
+    "core_aten_decompositions",
+    "elementwise_dtypes",
+    "fake_tensor_like",
+    "full_decomposition_table",
+    "new_fake_mode",
+    "trace_aten",
+    "trace_fake",
+    "tree_flatten",
+    "tree_leaves",
+    "tree_unflatten",
+]
+
+OpOverload = torch._ops.OpOverload
+tree_flatten = torch.utils._pytree.tree_flatten
+tree_leaves = torch.utils._pytree.tree_leaves
+tree_unflatten = torch.utils._pytree.tree_unflatten
+
+
+def core_aten_decompositions() -> dict:
+    """torch's Core ATen decomposition table as a plain dict."""
+    from torch._decomp import core_aten_decompositions as table
+
+    return dict(table().items())
+
+
+def full_decomposition_table() -> dict:
+    """Every decomposition torch registers (`torch._decomp.decomposition_table`)."""
+    from torch._decomp import decomposition_table
+
+    return decomposition_table
+
+
+def _promotion_kinds() -> Any:
+    from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND
+
+    return ELEMENTWISE_TYPE_PROMOTION_KIND
+
+
+PROMOTION = _promotion_kinds()
+
+
+def elementwise_dtypes(*args: Any, kind: Any) -> tuple[torch.dtype, torch.dtype]:
+    """(computation dtype, result dtype) of an elementwise op over `args` (tensors — fake or
+    meta are fine — and Python scalars), torch's type promotion."""
+    from torch._prims_common import elementwise_dtypes as promote
+
+    return promote(*args, type_promotion_kind=kind)
+
+
+def new_fake_mode() -> Any:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    return FakeTensorMode(allow_non_fake_inputs=True)
+
+
+def fake_tensor_like(mode: Any, size: Sequence[int], stride: Sequence[int], dtype: torch.dtype,
+                     device: torch.device, offset: int = 0) -> torch.Tensor:
+    with mode:
+        t = torch.empty_strided(tuple(size), tuple(stride), dtype=dtype, device=device)
+        if offset:
+            t = torch.as_strided(t, tuple(size), tuple(stride), offset)
+    return t
+
+
+def trace_fake(fn: Callable[..., Any], args: Sequence[Any], decompositions: dict,
+               mode: Any) -> torch.fx.GraphModule:
+    """Trace `fn(*args)` (fake tensors of `mode`) into an ATen FX graph, applying
+    `decompositions`; every node gets `meta["val"]`."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    with mode:
+        return make_fx(fn, decomposition_table=decompositions, tracing_mode="real")(*args)
+
+
+def trace_aten(fn: Callable[..., Any], *inputs: Any, decompositions: dict | None = None,
+               functionalize: bool = True) -> torch.fx.GraphModule:
+    """An ATen graph of `fn(*inputs)` for tests and tools: make_fx with `decompositions`
+    (default: `kiln.lower.decompositions.trace_table()`, torch's core table minus what the
+    lower stage keeps), functionalized so the graph does not mutate (views stay views)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    if decompositions is None:
+        from kiln.lower.decompositions import trace_table
+
+        decompositions = trace_table()
+    if functionalize:
+        fn = torch.func.functionalize(fn, remove="mutations")
+    return make_fx(fn, decomposition_table=decompositions)(*inputs)
+

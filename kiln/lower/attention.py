@@ -1,0 +1,405 @@
+"""attention: rewrite explicit attention into a fused scaled-dot-product-attention call.
+
+`rewrite_attention(gm)` is a graph pass on ATen FX graphs (inference and joint fwd+bwd). It finds
+
+    S = bmm(A, Bt) [views, * or / by constants]      P = _softmax(S, -1)      O = bmm(P, V)
+
+(the softmax may also be in its decomposed form `exp(S - amax(S)) / sum(exp(...))`, and a 4-D
+`matmul` may put views between the bmms and the softmax) — the form `nn.MultiheadAttention`
+produces with `need_weights=True`. It rewrites only when P has no other use; in a joint graph
+those other uses must be exactly P's backward: `dV = bmm(Pᵀ, dO)`, the softmax backward
+(`_softmax_backward_data`, or its decomposition `P*dP - P*sum(P*dP)`), and
+`dA = bmm(dS, Btᵀ)`, `dBt = bmm(Aᵀ, dS)`. Then O becomes the SDPA forward and dA, dBt, dV
+its backward's outputs, with q = A, k = Btᵀ, v = V and `scale` = the constant factor on S; a
+constant pre-scale of A (`A = q * c`) is folded into `scale` when nothing else reads A.
+
+SDPA variant by device and dtype: CPU `_scaled_dot_product_flash_attention_for_cpu`; CUDA
+`_scaled_dot_product_flash_attention` for fp16/bf16 (head dim ≤ 256, multiple of 8), else
+`_scaled_dot_product_efficient_attention`. Results equal the explicit form up to rounding (the
+fused kernels normalize the probabilities differently).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import operator
+from typing import Any
+
+import torch
+import torch.fx
+
+from kiln.lower import _compat
+
+__all__ = ["AttentionMatch", "match_attention", "rewrite_attention"]
+
+log = logging.getLogger("kiln.lower")
+aten = torch.ops.aten
+
+ALIASES = (aten.alias.default, aten.detach.default)
+RESHAPES = (aten.view.default, aten._unsafe_view.default, aten.reshape.default,
+            aten.clone.default)
+
+
+@dataclasses.dataclass
+class AttentionMatch:
+    """One explicit attention found in a graph (FX nodes). `q`/`bt`/`v`: the operands
+    (`bt` is kᵀ); `scale`: the factor on q·kᵀ; `out`: the PV bmm; `scores`: the q·kᵀ bmm; for a joint graph `d_o`,
+    `dv`, `dq`, `dbt`: the gradient nodes the SDPA backward replaces (`dq` may be the
+    gradient of an un-scaled q when the pre-scale was folded)."""
+
+    softmax: torch.fx.Node
+    q: torch.fx.Node
+    bt: torch.fx.Node
+    v: torch.fx.Node
+    scale: float
+    out: torch.fx.Node
+    scores: torch.fx.Node
+    d_o: torch.fx.Node | None = None
+    dv: torch.fx.Node | None = None
+    dq: torch.fx.Node | None = None
+    dbt: torch.fx.Node | None = None
+
+
+def _val(node: Any) -> Any:
+    return node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+
+
+def _is(node: Any, *targets: Any) -> bool:
+    return isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in targets
+
+
+def _is_transpose12(node: Any, of: torch.fx.Node) -> bool:
+    return _is(node, aten.permute.default) and node.args[0] is of and \
+        list(node.args[1]) == [0, 2, 1]
+
+
+def _aliases(node: torch.fx.Node) -> set[torch.fx.Node]:
+    found, stack = {node}, [node]
+    while stack:
+        for user in stack.pop().users:
+            if _is(user, *ALIASES) and user not in found:
+                found.add(user)
+                stack.append(user)
+    return found
+
+
+def _softmax_input(p: torch.fx.Node) -> torch.fx.Node | None:
+    """S when p is softmax(S, -1) in `_softmax` or decomposed form."""
+    if _is(p, aten._softmax.default):
+        s, dim, half = p.args[:3]
+        return s if not half and dim in (-1, _val(s).dim() - 1) else None
+    if not _is(p, aten.div.Tensor):
+        return None
+    e, total = p.args[:2]
+    if not (_is(e, aten.exp.default) and _is(total, aten.sum.dim_IntList)
+            and total.args[0] is e and _last_dim_keep(total, e)):
+        return None
+    sub = e.args[0]
+    if not _is(sub, aten.sub.Tensor):
+        return None
+    s, mx = sub.args[:2]
+    if _is(mx, aten.amax.default) and mx.args[0] is s and _last_dim_keep(mx, s) and \
+            set(s.users) == {mx, sub} and len(e.users) == 2 and len(sub.users) == 1:
+        return s
+    return None
+
+
+def _last_dim_keep(red: torch.fx.Node, x: torch.fx.Node) -> bool:
+    dims = list(red.args[1]) if len(red.args) > 1 else []
+    keep = red.args[2] if len(red.args) > 2 else red.kwargs.get("keepdim", False)
+    return keep and len(dims) == 1 and dims[0] in (-1, _val(x).dim() - 1)
+
+
+def _scores(s: torch.fx.Node) -> tuple[torch.fx.Node, float, list[torch.fx.Node]] | None:
+    """(the bmm computing S, the constant factor applied after it, the nodes in between)."""
+    scale, between, first = 1.0, [], s
+    while not _is(s, aten.bmm.default):
+        between.append(s)
+        if _is(s, aten.mul.Tensor, aten.mul.Scalar) and isinstance(s.args[1], (int, float)):
+            scale *= s.args[1]
+        elif _is(s, aten.div.Tensor, aten.div.Scalar) and isinstance(s.args[1], (int, float)):
+            scale /= s.args[1]
+        elif not (_is(s, *RESHAPES) and _val(s).shape[-1] == _val(s.args[0]).shape[-1]):
+            return None
+        if s is not first and len(s.users) != 1:
+            return None
+        s = s.args[0]
+    if s is not first and len(s.users) != 1:
+        return None
+    return s, scale, between
+
+
+def _pv_bmm(p_set: set[torch.fx.Node], shape: torch.Size) -> torch.fx.Node | None:
+    """The forward bmm(P, V), looking through reshapes and no-op expands of P."""
+    found = []
+    for p in p_set:
+        for user in p.users:
+            prev, node = p, user
+            while _passes(node) and len(node.users) == 1:
+                prev, node = node, next(iter(node.users))
+            if _is(node, aten.bmm.default) and node.args[0] is prev and \
+                    _val(prev).shape == shape:
+                found.append(node)
+    return found[0] if len(found) == 1 else None
+
+
+def _passes(node: Any) -> bool:
+    if _is(node, aten.expand.default):
+        return _val(node).shape == _val(node.args[0]).shape
+    return _is(node, *RESHAPES)
+
+
+def match_attention(p: torch.fx.Node) -> AttentionMatch | None:
+    s = _softmax_input(p)
+    scores = _scores(s) if s is not None else None
+    if scores is None:
+        return None
+    s3, scale, between = scores
+    a, bt = s3.args
+    p_set = _aliases(p)
+    out = _pv_bmm(p_set, _val(s3).shape)
+    if out is None or len(_val(a).shape) != 3:
+        return None
+    match = AttentionMatch(p, a, bt, out.args[1], scale, out, s3)
+    others = {u for q in p_set for u in q.users} - p_set
+    others -= {u for u in others if _reaches(u, out)}
+    if others and not _match_backward(match, p_set, others, between):
+        return None
+    _fold_prescale(match)
+    return match
+
+
+def _reaches(node: torch.fx.Node, target: torch.fx.Node) -> bool:
+    while node is not target:
+        if len(node.users) != 1 or not _passes(node):
+            return False
+        node = next(iter(node.users))
+    return True
+
+
+def _match_backward(m: AttentionMatch, p_set: set, users: set,
+                    between: list[torch.fx.Node]) -> bool:
+    if not _is(m.softmax, aten._softmax.default) or any(_is(b, *RESHAPES) for b in between):
+        return False  # joint graphs: `_softmax` of a 3-D bmm, optionally scaled
+    dv = [u for u in users if _is(u, aten.permute.default) and _is_transpose12(u, u.args[0])]
+    if len(dv) != 1 or len(dv[0].users) != 1:
+        return False
+    dv_bmm = next(iter(dv[0].users))
+    if not _is(dv_bmm, aten.bmm.default) or dv_bmm.args[0] is not dv[0]:
+        return False
+    d_o = dv_bmm.args[1]
+    ds = _softmax_backward(p_set, users - {dv[0]}, d_o, m.v)
+    for scale_node in reversed(between):  # d(S*c) = dS*c, d(S/c) = dS/c
+        if ds is None or len(ds.users) != 1:
+            return False
+        (user,) = ds.users
+        if not (_is(user, scale_node.target) and user.args[0] is ds
+                and user.args[1] == scale_node.args[1]):
+            return False
+        ds = user
+    if ds is None:
+        return False
+    grads = {u for u in ds.users}
+    dq = [g for g in grads if _is(g, aten.bmm.default) and g.args[0] is ds
+          and _is_transpose12(g.args[1], m.bt)]
+    dbt = [g for g in grads if _is(g, aten.bmm.default) and g.args[1] is ds
+           and _is_transpose12(g.args[0], m.q)]
+    if len(dq) != 1 or len(dbt) != 1 or len(grads) != 2:
+        return False
+    m.d_o, m.dv, m.dq, m.dbt = d_o, dv_bmm, dq[0], dbt[0]
+    return True
+
+
+def _is_upcast(node: Any, of: Any = None) -> bool:
+    """`_to_copy(x, dtype=float32)` of a low-precision x (what bf16 softmax backward does)."""
+    return (_is(node, aten._to_copy.default) and set(node.kwargs) == {"dtype"}
+            and node.kwargs["dtype"] == torch.float32 and (of is None or node.args[0] is of))
+
+
+def _softmax_backward(p_set: set, users: set, d_o: torch.fx.Node,
+                      v: torch.fx.Node) -> torch.fx.Node | None:
+    """dS from the softmax-backward nodes among `users` (all of them must be used), also in the
+    float32-upcast form low-precision graphs have."""
+    def is_dp(node: Any) -> bool:
+        if _is_upcast(node):
+            node = node.args[0]
+        return _is(node, aten.bmm.default) and node.args[0] is d_o and \
+            _is_transpose12(node.args[1], v)
+
+    ups = {u for u in users if _is_upcast(u)}
+    p_like = p_set | ups
+    users = (users - ups) | {w for u in ups for w in u.users}
+    if len(users) == 1:
+        (u,) = users
+        if _is(u, aten._softmax_backward_data.default) and is_dp(u.args[0]) and \
+                u.args[1] in p_like and u.args[2] in (-1, _val(u).dim() - 1):
+            return u
+        return None
+    if len(users) != 2:
+        return None
+    t = next((u for u in users if _is(u, aten.mul.Tensor) and any(is_dp(a) for a in u.args)
+              and any(a in p_like for a in u.args)), None)
+    if t is None or len(t.users) != 2:
+        return None
+    total = next((u for u in t.users if _is(u, aten.sum.dim_IntList)
+                  and _last_dim_keep(u, t)), None)
+    sub = next((u for u in t.users if _is(u, aten.sub.Tensor) and u.args[0] is t), None)
+    mul2 = (users - {t}).pop()
+    if total is None or sub is None or not _is(mul2, aten.mul.Tensor) or \
+            total not in mul2.args or not any(a in p_like for a in mul2.args) or \
+            sub.args[1] is not mul2:
+        return None
+    if ups:  # the result is cast back to the graph's dtype
+        if len(sub.users) != 1 or not _is(next(iter(sub.users)), aten._to_copy.default):
+            return None
+        sub = next(iter(sub.users))
+    return sub
+
+
+def _fold_prescale(m: AttentionMatch) -> None:
+    a = m.q
+    if not (_is(a, aten.mul.Tensor, aten.div.Tensor) and isinstance(a.args[1], (int, float))):
+        return
+    c = a.args[1] if a.target is aten.mul.Tensor else 1.0 / a.args[1]
+    allowed = {m.scores}
+    if m.dbt is not None:
+        if len(m.dbt.args[0].users) != 1:
+            return
+        allowed.add(m.dbt.args[0])
+    if set(a.users) - allowed:
+        return
+    if m.dq is not None:
+        if len(m.dq.users) != 1:
+            return
+        (g,) = m.dq.users
+        if not (_is(g, a.target) and g.args[0] is m.dq and g.args[1] == a.args[1]):
+            return
+        m.dq = g
+    m.q, m.scale = a.args[0], m.scale * c
+
+
+# -- the rewrite -----------------------------------------------------------------------------------
+
+class _Emitter:
+    """Adds nodes with `meta["val"]` computed on fake tensors of the operands' metadata."""
+
+    def __init__(self, graph: torch.fx.Graph, location: Any) -> None:
+        self.graph = graph
+        self.mode = _compat.new_fake_mode()
+        self.fakes: dict[torch.fx.Node, Any] = {}
+        self.location = location
+
+    def fake(self, node: torch.fx.Node) -> Any:
+        if node not in self.fakes:
+            v = _val(node)
+            self.fakes[node] = _compat.fake_tensor_like(
+                self.mode, v.shape, v.stride(), v.dtype, v.device, v.storage_offset())
+        return self.fakes[node]
+
+    def call(self, target: Any, *args: Any, **kwargs: Any) -> torch.fx.Node:
+        node = self.graph.call_function(target, args, kwargs)
+        fake_args = torch.fx.node.map_arg(args, self.fake)
+        fake_kwargs = torch.fx.node.map_arg(kwargs, self.fake)
+        with self.mode:
+            val = target(*fake_args, **fake_kwargs)
+        node.meta["val"] = val
+        if self.location is not None:
+            node.meta["user_location"] = self.location
+        self.fakes[node] = val
+        return node
+
+    def item(self, node: torch.fx.Node, i: int) -> torch.fx.Node:
+        out = self.graph.call_function(operator.getitem, (node, i))
+        out.meta["val"] = self.fakes[node][i]
+        self.fakes[out] = self.fakes[node][i]
+        return out
+
+
+def _variant(q: Any) -> str:
+    if q.device.type != "cuda":
+        return "cpu"
+    if q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] % 8 == 0 and q.shape[-1] <= 256:
+        return "flash"
+    return "efficient"
+
+
+def _forward(e: _Emitter, kind: str, q: Any, k: Any, v: Any, scale: float) -> tuple:
+    if kind == "cpu":
+        fwd = e.call(aten._scaled_dot_product_flash_attention_for_cpu.default, q, k, v,
+                     scale=scale)
+    elif kind == "flash":
+        fwd = e.call(aten._scaled_dot_product_flash_attention.default, q, k, v, scale=scale)
+    else:
+        fwd = e.call(aten._scaled_dot_product_efficient_attention.default, q, k, v, None, True,
+                     scale=scale)
+    return fwd, e.item(fwd, 0)
+
+
+def _backward(e: _Emitter, kind: str, fwd: Any, d_o: Any, q: Any, k: Any, v: Any,
+              out: Any, scale: float) -> list:
+    lse = e.item(fwd, 1)
+    if kind == "cpu":
+        bwd = e.call(aten._scaled_dot_product_flash_attention_for_cpu_backward.default, d_o, q, k,
+                     v, out, lse, 0.0, False, scale=scale)
+    elif kind == "flash":
+        items = [e.item(fwd, i) for i in (2, 3, 4, 5, 6, 7)]
+        bwd = e.call(aten._scaled_dot_product_flash_attention_backward.default, d_o, q, k, v,
+                     out, lse, items[0], items[1], items[2], items[3], 0.0, False, items[4],
+                     items[5], scale=scale)
+    else:
+        seed, offset = e.item(fwd, 2), e.item(fwd, 3)
+        bwd = e.call(aten._scaled_dot_product_efficient_attention_backward.default, d_o, q, k,
+                     v, None, out, lse, seed, offset, 0.0, [True, True, True, False],
+                     scale=scale)
+    return [e.item(bwd, i) for i in range(3)]
+
+
+def _rewrite(graph: torch.fx.Graph, m: AttentionMatch) -> None:
+    e = _Emitter(graph, m.softmax.meta.get("user_location"))
+    kind = _variant(_val(m.q))
+    with graph.inserting_before(m.out):
+        q = e.call(aten.unsqueeze.default, m.q, 0)
+        k = e.call(aten.unsqueeze.default, e.call(aten.permute.default, m.bt, [0, 2, 1]), 0)
+        v = e.call(aten.unsqueeze.default, m.v, 0)
+        fwd, out4 = _forward(e, kind, q, k, v, m.scale)
+        out = e.call(aten.squeeze.dims, out4, [0])
+    m.out.replace_all_uses_with(out)
+    if m.dv is None:
+        return
+    first = min((m.dv, m.dq, m.dbt), key=_position(graph))
+    first = min(first, *[u for u in m.d_o.users if _is(u, aten.bmm.default)], key=_position(graph))
+    with graph.inserting_before(first):
+        d_o = e.call(aten.unsqueeze.default, m.d_o, 0)
+        dq4, dk4, dv4 = _backward(e, kind, fwd, d_o, q, k, v, out4, m.scale)
+        dq = e.call(aten.squeeze.dims, dq4, [0])
+        dbt = e.call(aten.permute.default, e.call(aten.squeeze.dims, dk4, [0]), [0, 2, 1])
+        dv = e.call(aten.squeeze.dims, dv4, [0])
+    for old, new in ((m.dq, dq), (m.dbt, dbt), (m.dv, dv)):
+        old.replace_all_uses_with(new)
+
+
+def _position(graph: torch.fx.Graph) -> Any:
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    return lambda n: order[n]
+
+
+def rewrite_attention(gm: torch.fx.GraphModule) -> int:
+    """Rewrite every explicit attention in `gm` (in place) into SDPA; returns how many."""
+    graph = gm.graph
+    graph.eliminate_dead_code()
+    count = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.graph is not graph:
+            continue
+        if not (_is(node, aten._softmax.default) or _is(node, aten.div.Tensor)):
+            continue
+        match = match_attention(node)
+        if match is None:
+            continue
+        _rewrite(graph, match)
+        graph.eliminate_dead_code()
+        count += 1
+    if count:
+        gm.recompile()
+        log.debug("attention rewrite: %d explicit attention(s) -> SDPA", count)
+    return count

@@ -1,0 +1,111 @@
+"""build: the lower stage's driver — graph passes, inputs, the interpreter, outputs.
+
+`build_graph` is `lower_graph`'s body: it copies the FX graph (passes never touch the caller's),
+eliminates dead code, rewrites explicit attention, binds placeholders to `InputBuffer`s and
+`get_attr` tensors to `ConstantBuffer`s, runs the `Interpreter`, and turns each output into a
+strided view of a buffer with eager's strides (copying only when no view has them).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Sequence
+
+import torch
+import torch.fx
+
+from kiln.lower import _compat, rules  # noqa: F401  (rules fills the rule table)
+from kiln.lower.ir import ConstantBuffer, InputBuffer, IRGraph, Layout, Origin, TensorArg
+from kiln.lower.lowering import GraphBuilder, Interpreter, LoweringError
+from kiln.lower.values import BufferValue, PointwiseValue, TensorValue, strided_view
+
+__all__ = ["build_graph", "copy_graph_module"]
+
+log = logging.getLogger("kiln.lower")
+
+
+def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A new GraphModule with a copy of `gm`'s graph (node meta dicts copied shallowly)."""
+    graph = torch.fx.Graph()
+    out = graph.graph_copy(gm.graph, {})
+    graph.output(out)
+    return torch.fx.GraphModule(gm, graph)
+
+
+def build_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None = None, *,
+                attention_rewrite: bool = True) -> IRGraph:
+    start = time.perf_counter()
+    gm = copy_graph_module(gm)
+    gm.graph.eliminate_dead_code()
+    if attention_rewrite:
+        from kiln.lower.attention import rewrite_attention
+
+        rewrite_attention(gm)
+    builder = GraphBuilder()
+    interp = Interpreter(builder)
+    _bind_inputs(gm, example_inputs, builder, interp)
+    outputs = interp.run_nodes(list(gm.graph.nodes))
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    metas = _compat.tree_leaves(
+        torch.fx.node.map_arg(out_node.args[0], lambda n: n.meta.get("val")),
+        is_leaf=lambda x: x is None)
+    values = _compat.tree_leaves(outputs, is_leaf=_is_leaf)
+    builder.graph.outputs = [_output(builder, v, m) for v, m in zip(values, metas)]
+    log.debug("lowered %d FX nodes into %r in %.3f s", len(gm.graph.nodes), builder.graph,
+              time.perf_counter() - start)
+    return builder.graph
+
+
+def _is_leaf(x: Any) -> bool:
+    return x is None or isinstance(x, TensorValue)
+
+
+def _bind_inputs(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None,
+                 builder: GraphBuilder, interp: Interpreter) -> None:
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for i, node in enumerate(placeholders):
+        val = node.meta.get("val")
+        if example_inputs is not None and i < len(example_inputs) and \
+                isinstance(example_inputs[i], torch.Tensor):
+            val = example_inputs[i]
+        if isinstance(val, torch.Tensor):
+            layout = Layout(val.dtype, val.device, tuple(val.shape), tuple(val.stride()),
+                            val.storage_offset())
+            buf = InputBuffer(node.name, layout, (_origin(node),))
+            builder.graph.add_buffer(buf)
+            builder.graph.inputs.append(buf)
+            interp.env[node] = BufferValue(buf)
+        else:
+            builder.graph.inputs.append(None)
+            interp.env[node] = val
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            value = getattr(gm, node.target)
+            if not isinstance(value, torch.Tensor):
+                raise LoweringError(f"get_attr {node.target} is not a tensor")
+            layout = Layout(value.dtype, value.device, tuple(value.shape), tuple(value.stride()),
+                            value.storage_offset())
+            buf = ConstantBuffer(node.name, layout, value, (_origin(node),))
+            builder.graph.add_buffer(buf)
+            builder.graph.constants[node.name] = buf
+            interp.env[node] = BufferValue(buf)
+
+
+def _origin(node: torch.fx.Node) -> Origin:
+    return Origin(node.name, node.op, node.meta.get("user_location"))
+
+
+def _output(builder: GraphBuilder, value: Any, meta: Any) -> TensorArg | Any:
+    if not isinstance(value, TensorValue):
+        return value
+    want = tuple(meta.stride()) if isinstance(meta, torch.Tensor) else None
+    if isinstance(value, PointwiseValue):
+        builder.realize(value, stride=want)
+    arg = strided_view(value)
+    if arg is None or (want is not None and not _same_strides(arg, want)):
+        arg = builder.copy(value, stride=want).buffer.as_arg()
+    return arg
+
+
+def _same_strides(arg: TensorArg, want: Sequence[int]) -> bool:
+    return all(a == b for s, a, b in zip(arg.size, arg.stride, want) if s != 1)

@@ -1,0 +1,152 @@
+"""decompositions: the lower stage's decomposition policy.
+
+One policy, two uses:
+
+- `lowering_table()`: what the FX interpreter uses for an op that has no lowering rule (or whose
+  rules' checkers all refuse): torch's Core ATen table plus `EXTRAS` (composite ops torch keeps
+  in its core set but that are just pointwise + reductions for us), minus `KEEP`.
+- `trace_table()`: what tests and tools trace ATen graphs with (`_compat.trace_aten`): the core
+  table minus `KEEP`, i.e. the graphs a real autograd stage hands over.
+
+`KEEP` is the short do-not-decompose list: ops that are externs here (matmul, convolution,
+attention: a library kernel beats their decomposition) and ops whose core decomposition would
+leave the ATen vocabulary.
+
+A decomposition is applied by tracing it on fake tensors of the node's metadata
+(`decompose(op, args, kwargs)`) and lowering the small ATen graph in place of the node; the
+traced graphs are cached by op and argument metadata. A decomposition that traces to non-ATen
+ops (prims) is refused, and the node falls back.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+import torch
+import torch.fx
+
+from kiln.lower import _compat
+
+__all__ = ["EXTRAS", "KEEP_PREFIXES", "decompose", "lowering_table", "reset", "trace_table"]
+
+aten = torch.ops.aten
+log = logging.getLogger("kiln.lower")
+
+# Overload packets kept whole (all overloads).
+KEEP_PREFIXES: tuple[str, ...] = (
+    "aten::mm", "aten::bmm", "aten::addmm", "aten::convolution", "aten::convolution_backward",
+    "aten::_scaled_dot_product", "aten::scaled_dot_product_attention",
+)
+
+# Composite ops decomposed at lowering time (torch has decompositions but not in its core table).
+EXTRAS: tuple[Any, ...] = (
+    aten._softmax.default,
+    aten._log_softmax.default,
+    aten.native_layer_norm.default,
+    aten.native_batch_norm.default,
+    aten._native_batch_norm_legit_functional.default,
+    aten._native_batch_norm_legit_no_training.default,
+    aten._native_batch_norm_legit.default,
+    aten._native_batch_norm_legit.no_stats,
+    aten.max_pool2d_with_indices.default,
+    aten._adaptive_avg_pool2d.default,
+    aten.hardtanh.default,
+    aten.leaky_relu.default,
+    aten.elu.default,
+    aten.native_group_norm.default,
+    aten.native_dropout.default,
+    aten.addmv.default,
+    aten.repeat.default,
+    aten.diagonal.default,
+)
+
+_tables: dict[str, dict] = {}
+_traced: dict[Any, torch.fx.GraphModule | None] = {}
+
+
+def keeps(op: Any) -> bool:
+    name = getattr(getattr(op, "_schema", None), "name", "")
+    return name.startswith(KEEP_PREFIXES)
+
+
+def trace_table() -> dict:
+    if "trace" not in _tables:
+        core = _compat.core_aten_decompositions()
+        _tables["trace"] = {op: fn for op, fn in core.items() if not keeps(op)}
+    return _tables["trace"]
+
+
+def lowering_table() -> dict:
+    if "lower" not in _tables:
+        table = dict(trace_table())
+        full = _compat.full_decomposition_table()
+        for op in EXTRAS:
+            if op in full:
+                table[op] = full[op]
+        _tables["lower"] = table
+    return _tables["lower"]
+
+
+def reset() -> None:
+    """Forget cached tables and traced decompositions (kiln.reset())."""
+    _tables.clear()
+    _traced.clear()
+
+
+def _meta_key(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return ("T", tuple(value.shape), tuple(value.stride()), value.storage_offset(),
+                value.dtype, str(value.device))
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(_meta_key(v) for v in value))
+    if isinstance(value, dict):
+        return ("D", tuple((k, _meta_key(v)) for k, v in sorted(value.items())))
+    if isinstance(value, float) and value != value:
+        return ("nan",)
+    return (type(value).__name__, value)
+
+
+def decompose(op: Any, meta_args: tuple, meta_kwargs: dict) -> torch.fx.GraphModule | None:
+    """The decomposition of `op` traced on fake tensors shaped like `meta_args` (tensors are
+    fake/meta values; everything else is passed as is), or None when there is none or it leaves
+    ATen. The graph's placeholders are the flattened tensor arguments, in order."""
+    table = lowering_table()
+    fn = table.get(op)
+    if fn is None:
+        return None
+    key = (op, _meta_key(meta_args), _meta_key(meta_kwargs))
+    if key not in _traced:
+        _traced[key] = _trace(fn, meta_args, meta_kwargs, table)
+    return _traced[key]
+
+
+def _trace(fn: Callable[..., Any], meta_args: tuple, meta_kwargs: dict,
+           table: dict) -> torch.fx.GraphModule | None:
+    mode = _compat.new_fake_mode()
+    leaves, spec = _compat.tree_flatten((meta_args, meta_kwargs))
+    positions = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
+    fakes = [_compat.fake_tensor_like(mode, leaves[i].shape, leaves[i].stride(), leaves[i].dtype,
+                                      leaves[i].device, leaves[i].storage_offset())
+             for i in positions]
+
+    def call(*tensors: torch.Tensor) -> Any:
+        filled = list(leaves)
+        for i, t in zip(positions, tensors):
+            filled[i] = t
+        args, kwargs = _compat.tree_unflatten(filled, spec)
+        out = fn(*args, **kwargs)
+        return tuple(out) if isinstance(out, tuple) else out
+
+    try:
+        gm = _compat.trace_fake(call, fakes, table, mode)
+    except Exception as err:  # a decomposition that cannot trace these arguments: fall back
+        log.debug("decomposition %s failed to trace (%s: %s); falling back",
+                  getattr(fn, "__name__", fn), type(err).__name__, err)
+        return None
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and isinstance(node.target, _compat.OpOverload) \
+                and node.target.namespace != "aten":
+            return None
+        if node.op == "get_attr":
+            return None
+    return gm

@@ -1,0 +1,119 @@
+"""deps: the dependency-collecting ops handler.
+
+Running a loop body under `DepsCollector` records every `load`/`store` as a `MemoryDep`
+(buffer name, flat index expression, loop variables) and counts the other ops. The schedule stage
+uses `read_writes(node)` for fusion legality (a consumer's read index equal to the producer's
+write index) and the lower stage uses `count_ops` for its inlining heuristic.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Sequence
+
+import torch
+
+from kiln.lower.index import Expr, sym
+from kiln.lower.ir import ComputedBuffer, loop_vars
+from kiln.lower.ops import OpsHandler, use_handler
+
+__all__ = ["DepsCollector", "MemoryDep", "ReadWrites", "count_ops", "read_writes"]
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryDep:
+    """A read or write of buffer `name` at flat storage offset `index` (an `Expr` over the
+    node's loop variables `x*`, `r*` and indirect symbols `i*`)."""
+
+    name: str
+    index: Expr
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadWrites:
+    """What a node's body touches: `reads`, `writes` (deduplicated, in first-seen order), the
+    number of non-memory `ops`, and whether any index is indirect (data-dependent)."""
+
+    reads: tuple[MemoryDep, ...]
+    writes: tuple[MemoryDep, ...]
+    ops: int
+    indirect: bool
+
+    @property
+    def read_names(self) -> list[str]:
+        return list(dict.fromkeys(d.name for d in self.reads))
+
+
+class _Token:
+    __slots__ = ()
+
+
+_TOKEN = _Token()
+
+
+class DepsCollector(OpsHandler):
+    def __init__(self) -> None:
+        self.reads: list[MemoryDep] = []
+        self.writes: list[MemoryDep] = []
+        self.ops = 0
+        self.indirect = 0
+
+    def load(self, name: str, index: Expr) -> _Token:
+        self.reads.append(MemoryDep(name, index))
+        return _TOKEN
+
+    def store(self, name: str, index: Expr, value: Any) -> None:
+        self.writes.append(MemoryDep(name, index))
+
+    store_reduction = store
+
+    def reduction(self, dtype: torch.dtype, src_dtype: torch.dtype, reduction_type: str,
+                  value: Any) -> _Token:
+        self.ops += 1
+        return _TOKEN
+
+    def constant(self, value: Any, dtype: torch.dtype) -> _Token:
+        return _TOKEN
+
+    def index_expr(self, expr: Expr, dtype: torch.dtype) -> _Token:
+        self.ops += 1
+        return _TOKEN
+
+    def indirect_indexing(self, value: Any, size: int, check: bool = True) -> Expr:
+        name = f"i{self.indirect}"
+        self.indirect += 1
+        return sym(name, size)
+
+    def to_dtype(self, x: Any, dtype: torch.dtype) -> _Token:
+        self.ops += 1
+        return _TOKEN
+
+    def where(self, cond: Any, a: Any, b: Any) -> _Token:
+        self.ops += 1
+        return _TOKEN
+
+    def masked(self, mask: Any, body: Callable[[], Any], other: Any) -> _Token:
+        body()
+        self.ops += 1
+        return _TOKEN
+
+    def math(self, name: str, *args: Any) -> _Token:
+        self.ops += 1
+        return _TOKEN
+
+
+def count_ops(inner_fn: Callable[[Sequence[Expr]], Any], ranges: Sequence[int]) -> tuple[int, int]:
+    """(loads, ops) of one evaluation of a pointwise inner function."""
+    collector = DepsCollector()
+    with use_handler(collector):
+        inner_fn(loop_vars(ranges))
+    return len(collector.reads), collector.ops
+
+
+def read_writes(node: ComputedBuffer) -> ReadWrites:
+    """The memory dependencies of a computed buffer's body."""
+    collector = DepsCollector()
+    index, rindex = node.loop_vars()
+    with use_handler(collector):
+        node.body(index, rindex)
+    return ReadWrites(tuple(dict.fromkeys(collector.reads)), tuple(dict.fromkeys(collector.writes)),
+                      collector.ops, collector.indirect > 0)

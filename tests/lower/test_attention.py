@@ -1,0 +1,167 @@
+"""The explicit-attention rewrite: bmm → scale → softmax → bmm becomes SDPA (forward, and in
+joint graphs its backward too) when the attention weights have no other use."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kiln.lower import lower_graph
+from kiln.lower.attention import rewrite_attention
+from kiln.lower.build import copy_graph_module
+from kiln.lower.evaluate import run_ir
+from lower_graphs import cached_model_graph, trace_flat
+
+aten = torch.ops.aten
+RTOL, ATOL = 1e-4, 1e-5
+
+
+def _targets(gm: torch.fx.GraphModule) -> set:
+    return {n.target for n in gm.graph.nodes if n.op == "call_function"}
+
+
+def _rewritten(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, int]:
+    new = copy_graph_module(gm)
+    return new, rewrite_attention(new)
+
+
+def _run(gm: torch.fx.GraphModule, inputs: list) -> list:
+    return torch.utils._pytree.tree_leaves(gm(*inputs))
+
+
+def _close(got: list, expected: list) -> None:
+    for g, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, e, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["infer", "train"])
+def test_fires_on_the_seed_block(training):
+    mg = cached_model_graph("block", training)
+    new, count = _rewritten(mg.gm)
+    assert count == 1
+    targets = _targets(new)
+    assert aten._softmax.default not in targets
+    assert aten._scaled_dot_product_flash_attention_for_cpu.default in targets
+    assert (aten._scaled_dot_product_flash_attention_for_cpu_backward.default in targets) == training
+    _close(_run(new, mg.inputs), mg.eager)
+    graph = lower_graph(mg.gm)
+    kinds = [e.kind for e in graph.externs]
+    assert kinds.count("attention") == 1 and kinds.count("attention_backward") == training
+    _close(run_ir(graph, mg.inputs), mg.eager)
+
+
+def test_seed_block_training_folds_the_query_scale():
+    mg = cached_model_graph("block", True)
+    new, _ = _rewritten(mg.gm)
+    (fwd,) = [n for n in new.graph.nodes
+              if n.target is aten._scaled_dot_product_flash_attention_for_cpu.default]
+    assert fwd.kwargs["scale"] == pytest.approx(8 ** -0.5)
+    assert not [n for n in new.graph.nodes if n.target is aten.bmm.default]
+
+
+def _four_d(q, k, v):
+    return torch.softmax(q @ k.transpose(-2, -1) / 8, dim=-1) @ v
+
+
+def _decomposed(q, k, v):
+    s = q @ k.transpose(-2, -1) * 0.125
+    e = (s - s.amax(-1, keepdim=True)).exp()
+    return (e / e.sum(-1, keepdim=True)) @ v
+
+
+def _mha_fast_path_form(q, k, v):  # kiln's decomposition of _native_multi_head_attention
+    probs = torch.softmax(torch.matmul(q, k.transpose(-2, -1)) * 0.125, dim=-1)
+    _unused_weights = probs.mean(dim=1)
+    return torch.matmul(probs, v).transpose(1, 2)
+
+
+def _post_scaled_3d(q, k, v):
+    return torch.bmm(torch.softmax(torch.bmm(q, k.transpose(1, 2)) * 0.3, -1), v)
+
+
+def _weights_returned(q, k, v):
+    p = torch.softmax(q @ k.transpose(-2, -1), -1)
+    return p @ v, p
+
+
+def _weights_reused(q, k, v):
+    p = torch.softmax(q @ k.transpose(-2, -1), -1)
+    return p @ v + p.sum()
+
+
+def _grad_of(fn):
+    def step(q, k, v):
+        return torch.func.grad_and_value(lambda *a: fn(*a).pow(2).sum(), argnums=(0, 1, 2))(q, k, v)
+
+    return step
+
+
+def _qkv(shape):
+    return tuple(torch.randn(shape) for _ in range(3))
+
+
+CASES = [
+    ("4d_matmul", _four_d, (2, 3, 5, 8), 1),
+    ("decomposed_softmax", _decomposed, (2, 3, 5, 8), 1),
+    ("mha_fast_path_form", _mha_fast_path_form, (2, 3, 5, 8), 1),
+    ("post_scaled_3d", _post_scaled_3d, (6, 5, 8), 1),
+    ("train_post_scaled_3d", _grad_of(_post_scaled_3d), (6, 5, 8), 1),
+    ("weights_returned", _weights_returned, (2, 3, 5, 8), 0),
+    ("weights_reused", _weights_reused, (2, 3, 5, 8), 0),
+    ("train_4d_not_supported", _grad_of(_four_d), (2, 3, 5, 8), 0),
+]
+
+
+@pytest.mark.parametrize("name,fn,shape,expected", CASES, ids=[c[0] for c in CASES])
+def test_forms(name, fn, shape, expected):
+    gm, inputs = trace_flat(fn, _qkv(shape))
+    eager = torch.utils._pytree.tree_leaves(fn(*inputs))
+    new, count = _rewritten(gm)
+    assert count == expected
+    _close(_run(new, inputs), eager)
+    _close(run_ir(lower_graph(gm), inputs), eager)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("training", [False, True])
+def test_cuda_variants(dtype, training):
+    q, k, v = (torch.randn(4, 64, 32, device="cuda", dtype=dtype) for _ in range(3))
+    fn = _grad_of(_post_scaled_3d) if training else _post_scaled_3d
+    gm, inputs = trace_flat(fn, (q, k, v))
+    new, count = _rewritten(gm)
+    assert count == 1
+    ref = [t.double() for t in torch.utils._pytree.tree_leaves(
+        fn(*[t.double() for t in inputs]))]
+    got = _run(new, inputs)
+    base = _run(gm, inputs)
+    for g, b, r in zip(got, base, ref, strict=True):
+        err, base_err = (g.double() - r).abs().max(), (b.double() - r).abs().max()
+        assert err <= 2 * base_err + (1e-5 if dtype == torch.float32 else 2e-2) * r.abs().max()
+
+
+def test_bf16_joint_graph_with_upcast_softmax_backward():
+    fn = _grad_of(_post_scaled_3d)
+    gm, inputs = trace_flat(fn, tuple(t.bfloat16() for t in _qkv((6, 5, 8))))
+    assert aten._to_copy.default in _targets(gm)
+    new, count = _rewritten(gm)
+    assert count == 1 and aten._to_copy.default not in _targets(new)
+    ref = [t.double() for t in torch.utils._pytree.tree_leaves(
+        fn(*[t.double() for t in inputs]))]
+    for got, base, r in zip(_run(new, inputs), _run(gm, inputs), ref, strict=True):
+        err, base_err = (got.double() - r).abs().max(), (base.double() - r).abs().max()
+        assert err <= 2 * base_err + 1e-2 * r.abs().max()
+
+
+def test_joint_graph_with_softmax_backward_data_kept_whole():
+    from kiln.lower._compat import trace_aten
+    from kiln.lower.decompositions import trace_table
+
+    table = {op: fn for op, fn in trace_table().items()
+             if op is not aten._softmax_backward_data.default}
+    fn = _grad_of(_post_scaled_3d)
+    inputs = _qkv((6, 5, 8))
+    gm = trace_aten(fn, *inputs, decompositions=table)
+    assert aten._softmax_backward_data.default in _targets(gm)
+    new, count = _rewritten(gm)
+    assert count == 1
+    _close(_run(new, inputs), torch.utils._pytree.tree_leaves(fn(*inputs)))
