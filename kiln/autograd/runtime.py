@@ -32,6 +32,7 @@ from kiln.autograd import _compat
 from kiln.autograd.trace import (AutogradUnsupported, JointGraph, OutputInfo, TensorSpec,
                                  lifted_attributes, trace_inference, trace_joint)
 from kiln.errors import KilnError
+from kiln.capture import records
 from kiln.logs import artifact_enabled, artifact_logger, warn_once
 
 __all__ = ["Compilers", "CompiledGraph", "DoubleBackwardError", "EagerVariant", "InferenceVariant",
@@ -212,9 +213,10 @@ class TrainingVariant(Variant):
         _log_graph("joint", joint.gm)
         self.partition = partition_joint(joint, policy=compilers.partition_policy)
         _log_graph("forward", self.partition.fw_gm)
+        report = self.partition.report()
+        records.emit("saved", report)
         if artifact_enabled("aot_graphs"):
-            artifact_logger("aot_graphs").info("saved for backward:\n%s",
-                                               self.partition.report())
+            artifact_logger("aot_graphs").info("saved for backward:\n%s", report)
         self.compilers = compilers
         self.fw = compilers.fw_compiler(self.partition.fw_gm, _fake_args(self.partition.fw_gm))
         self.bw: Callable[..., Any] | None = None

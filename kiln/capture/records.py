@@ -26,6 +26,7 @@ class Recorder:
     graphs: list[GraphRecord] = dataclasses.field(default_factory=list)
     breaks: list[Unsupported] = dataclasses.field(default_factory=list)
     recompiles: list[RecompileReason] = dataclasses.field(default_factory=list)
+    saved: list[str] = dataclasses.field(default_factory=list)  # autograd saved-bytes reports
 
 
 _active: list[Recorder] = []

@@ -27,6 +27,7 @@ class ExplainOutput:
     out_guards: list[GuardRecord]
     compile_times: dict[str, float]
     recompile_reasons: list[RecompileReason] = dataclasses.field(default_factory=list)
+    saved_reports: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def guards(self) -> list[GuardRecord]:
@@ -45,6 +46,9 @@ class ExplainOutput:
         if self.recompile_reasons:
             lines.append("Recompiles:")
             lines.extend(_indent(r.render()) for r in self.recompile_reasons)
+        if self.saved_reports:
+            lines.append("Saved for backward:")
+            lines.extend(_indent(r) for r in self.saved_reports)
         lines.append(f"Guards ({len(self.out_guards)}):")
         lines.extend(_indent(g.render()) for g in self.out_guards)
         times = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in self.compile_times.items())
@@ -64,16 +68,20 @@ def _op_name(op: Any) -> str:
     return f"{module}.{name}" if module else name
 
 
-def explain(fn: Callable, *extra_args: Any, **extra_kwargs: Any) -> Callable[..., ExplainOutput]:
-    """`kiln.explain(fn)(*args)`: compile a fresh copy of `fn` with the eager backend, call it once
-    and return what capture recorded."""
+def explain(fn: Callable, *extra_args: Any, backend: Any = None,
+            **extra_kwargs: Any) -> Callable[..., ExplainOutput]:
+    """`kiln.explain(fn)(*args)`: compile `fn` afresh, call it once and return what kiln recorded.
+    With the default the graphs run as captured; `backend="aot_eager"` also reports what the
+    autograd stage saves for backward."""
     from kiln.api import compile as kiln_compile
+    from kiln.backends import lookup_backend
 
     def run(*args: Any, **kwargs: Any) -> ExplainOutput:
         recorder = records.Recorder()
         records.active_recorders().append(recorder)
+        chosen = _ExplainBackend() if backend is None else _Fresh(lookup_backend(backend))
         try:
-            compiled = kiln_compile(fn, backend=_ExplainBackend())
+            compiled = kiln_compile(fn, backend=chosen)
             compiled(*args, **kwargs)
         finally:
             records.active_recorders().remove(recorder)
@@ -82,6 +90,17 @@ def explain(fn: Callable, *extra_args: Any, **extra_kwargs: Any) -> Callable[...
     if extra_args or extra_kwargs:
         return run(*extra_args, **extra_kwargs)
     return run
+
+
+class _Fresh:
+    """A backend under a new identity, so explain never reuses entries compiled elsewhere."""
+
+    def __init__(self, backend: Callable) -> None:
+        self.backend = backend
+        self.__name__ = getattr(backend, "__name__", "backend")
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        return self.backend(gm, example_inputs)
 
 
 class _ExplainBackend:
@@ -113,4 +132,4 @@ def _summarize(recorder: records.Recorder) -> ExplainOutput:
     breaks = _unique_by_cost(recorder.breaks)
     return ExplainOutput(graphs, len(graphs), len(breaks), breaks,
                          sum(len(o) for o in ops), ops, guards, times,
-                         list(recorder.recompiles))
+                         list(recorder.recompiles), list(recorder.saved))
