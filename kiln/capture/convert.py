@@ -28,6 +28,7 @@ from kiln.capture.translator import StopAtBreak, Translator
 from kiln.capture.unsupported import Unsupported
 from kiln.capture.variables.base import CellBox, LazyVT
 from kiln.config import config
+from kiln.tools.dump import dump_capture
 from kiln.diagnostics import RecompileReason, UserLocation
 from kiln.diagnostics import Unsupported as UnsupportedRecord
 from kiln.capture.bytecode import UnsupportedBytecode
@@ -270,6 +271,7 @@ def _capture(fn: types.FunctionType, f_locals: dict[str, Any], cache: CodeCache,
     guards = output.guards.guards
     times = {"capture": captured - start, "backend": done - captured}
     _log_entry(code, entry_code, guards)
+    dump_capture(code, entry_code.gm, guards, entry_code.body)
     records.emit("graphs", records.GraphRecord(
         code.co_qualname, entry_code.gm,
         [n.target for n in entry_code.gm.graph.nodes if n.op.startswith("call")]

@@ -1,0 +1,41 @@
+"""`KILN_DEBUG_DIR=path`: one folder per compiled graph, one file per stage.
+
+Each folder (`<n>_<function>`) holds what capture produced: `graph.py` (the FX graph as runnable
+Python), `guards.txt` (each guard with the user line it protects), `entry.py` (the generated entry
+body: inputs, graph call, side effects, result) and `bytecode.txt` (the canonical instructions
+capture interpreted). Later stages add their files to the same folder.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import types
+from typing import Any
+
+from kiln.config import config
+
+__all__ = ["dump_capture"]
+
+_counter = itertools.count()
+
+
+def dump_capture(code: types.CodeType, gm: Any, guards: list, body: list[str]) -> str | None:
+    """Write the capture stage's artifacts for one graph; returns the folder (None when off)."""
+    root = config.debug_dir
+    if not root:
+        return None
+    name = re.sub(r"[^0-9A-Za-z_]+", "_", code.co_qualname)[:80]
+    folder = os.path.join(root, f"{next(_counter):04d}_{name}")
+    os.makedirs(folder, exist_ok=True)
+    from kiln.capture.bytecode import decode, format_instrs
+    files = {
+        "graph.py": gm.print_readable(print_output=False) if gm is not None else "# no graph\n",
+        "guards.txt": "\n".join(g.record().render() for g in guards) + "\n",
+        "entry.py": "def entry(...):\n" + "".join(f"    {line}\n" for line in body),
+        "bytecode.txt": format_instrs(decode(code)) + "\n",
+    }
+    for filename, text in files.items():
+        with open(os.path.join(folder, filename), "w") as f:
+            f.write(text)
+    return folder
