@@ -27,9 +27,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(autouse=True)
 def _restore_kiln_state():
+    """Every test starts with empty caches and warn-once state and a fixed seed, and leaves the
+    config and log artifacts as it found them."""
+    import kiln
     saved = config.to_dict()
     saved_logs = sorted(logs._enabled)
+    kiln.reset()
+    torch.manual_seed(0)
     yield
+    kiln.reset()
     for name, value in saved.items():
         setattr(config, name, value)
     logs.set_logs(*saved_logs)

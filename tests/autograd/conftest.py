@@ -25,13 +25,6 @@ from kiln.backends import lookup_backend
 RTOL, ATOL = 1e-4, 1e-5
 
 
-@pytest.fixture(autouse=True)
-def _fresh_kiln():
-    kiln.reset()
-    torch.manual_seed(0)
-    yield
-    kiln.reset()
-
 
 def close(actual: Any, expected: Any, what: str) -> None:
     torch.testing.assert_close(actual, expected, rtol=RTOL, atol=ATOL,

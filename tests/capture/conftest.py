@@ -14,14 +14,6 @@ import kiln
 from helpers import CountingBackend, assert_same_structure_and_values
 
 
-@pytest.fixture(autouse=True)
-def _fresh_kiln():
-    """Every test starts with empty caches, counters and warn-once state, and a fixed seed."""
-    kiln.reset()
-    torch.manual_seed(0)
-    yield
-    kiln.reset()
-
 
 @pytest.fixture
 def counting_backend() -> CountingBackend:

@@ -152,8 +152,10 @@ class BoundMethodVT(VT):
         return self.fn.getattr(tx, name)
 
 
-class TorchFunctionVT(VT):
-    """A torch function recorded as one `call_function` node, evaluated on fake tensors."""
+class _KnownCallableVT(VT):
+    """A callable object known at compile time (not interpreted): its identity is its value."""
+
+    kind = "callable"
 
     def __init__(self, fn: Any, source: Source | None = None) -> None:
         self.fn = fn
@@ -164,40 +166,6 @@ class TorchFunctionVT(VT):
 
     def as_constant(self) -> Any:
         return self.fn
-
-    def call(self, tx: Translator, args: list[VT], kwargs: dict[str, VT]) -> VT:
-        from kiln.capture.variables.tensor import graph_call
-        return graph_call(tx, "call_function", self.fn, args, kwargs)
-
-    def getattr(self, tx: Translator, name: str) -> VT:
-        from kiln.capture.variables.builder import wrap_derived
-        if name in ("__name__", "__qualname__", "__module__"):
-            return ConstantVT(getattr(self.fn, name))
-        return wrap_derived(tx, getattr(self.fn, name))
-
-    def describe(self) -> str:
-        return f"torch function {getattr(self.fn, '__qualname__', self.fn)}"
-
-
-class OpaqueCallableVT(VT):
-    """A callable capture cannot look into (C extensions, I/O, kiln.disable'd functions): calling
-    it stops capture at that call, where a graph break runs it natively."""
-
-    def __init__(self, fn: Any, source: Source | None = None) -> None:
-        self.fn = fn
-        self.source = source
-
-    def python_type(self) -> type:
-        return type(self.fn)
-
-    def as_constant(self) -> Any:
-        return self.fn
-
-    def call(self, tx: Translator, args: list[VT], kwargs: dict[str, VT]) -> VT:
-        from kiln.capture.rules import why_unsupported
-        unsupported("unsupported-callable", why_unsupported(self.fn),
-                    hint="kiln runs this call natively between graphs; wrap it with "
-                         "kiln.allow_in_graph if it only does torch ops")
 
     def getattr(self, tx: Translator, name: str) -> VT:
         from kiln.capture.variables.builder import wrap_derived
@@ -206,7 +174,28 @@ class OpaqueCallableVT(VT):
         return wrap_derived(tx, getattr(self.fn, name))
 
     def describe(self) -> str:
-        return f"callable {getattr(self.fn, '__qualname__', self.fn)!s}"
+        return f"{self.kind} {getattr(self.fn, '__qualname__', self.fn)!s}"
+
+
+class TorchFunctionVT(_KnownCallableVT):
+    """A torch function recorded as one `call_function` node, evaluated on fake tensors."""
+
+    kind = "torch function"
+
+    def call(self, tx: Translator, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        from kiln.capture.variables.tensor import graph_call
+        return graph_call(tx, "call_function", self.fn, args, kwargs)
+
+
+class OpaqueCallableVT(_KnownCallableVT):
+    """A callable capture cannot look into (C extensions, I/O, kiln.disable'd functions): calling
+    it stops capture at that call, where a graph break runs it natively."""
+
+    def call(self, tx: Translator, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        from kiln.capture.rules import why_unsupported
+        unsupported("unsupported-callable", why_unsupported(self.fn),
+                    hint="kiln runs this call natively between graphs; wrap it with "
+                         "kiln.allow_in_graph if it only does torch ops")
 
 
 class SuperVT(VT):
