@@ -228,7 +228,7 @@ def _rebind_source(i: int, entry: CacheEntry, params: str) -> list[str]:
              f"        if not ({' and '.join(others) or 'True'}):", "            return False",
              "    except Exception:  # a guard on state that is gone (a deleted attribute, ...)",
              "        return False"]
-    lines += [f"    {g.expected_src[:-len('.get()')]}.set({g.value})" for g in slots]
+    lines += [f"    {g.expected_src.removesuffix('.get()')}.set({g.value})" for g in slots]
     lines.append("    return True")
     return lines
 

@@ -183,7 +183,7 @@ def BINARY_OP(tx: Translator, inst: Instr) -> None:
 
 def COMPARE_OP(tx: Translator, inst: Instr) -> None:
     b, a = tx.pop(), tx.pop()
-    tx.push(binary_op(tx, _COMPARE[inst.argval.strip()[:2].strip()], a, b))
+    tx.push(binary_op(tx, _COMPARE[inst.argval], a, b))
 
 
 def IS_OP(tx: Translator, inst: Instr) -> None:
