@@ -1,0 +1,36 @@
+"""A stand-in for `triton.language.extra.libdevice` under `TRITON_INTERPRET=1`.
+
+Triton's interpreter patches `tl` and `tl.math` but not libdevice (its functions return None
+there), so generated modules import this instead when interpreting. Each function applies the
+numpy equivalent to the interpreter tensor's data (float32/float64 only; an interpreter
+internal: `tensor.handle` is a `TensorHandle(data, dtype)`, checked on triton 3.7 and 3.9).
+"""
+from __future__ import annotations
+
+import numpy as np
+import triton.language as tl
+from triton.runtime.interpreter import TensorHandle
+
+__all__ = ["atan2", "expm1", "fmod", "log1p", "nearbyint", "pow", "tan", "tanh", "trunc"]
+
+
+def _wrap(np_fn):
+    def fn(*args):
+        ref = next(a for a in args if isinstance(a, tl.tensor))
+        data = [a.handle.data if isinstance(a, tl.tensor) else a for a in args]
+        out = np.asarray(np_fn(*data)).astype(ref.handle.data.dtype)
+        return tl.tensor(TensorHandle(out, ref.handle.dtype.scalar), ref.type)
+
+    fn.__name__ = np_fn.__name__
+    return fn
+
+
+tanh = _wrap(np.tanh)
+expm1 = _wrap(np.expm1)
+log1p = _wrap(np.log1p)
+tan = _wrap(np.tan)
+trunc = _wrap(np.trunc)
+nearbyint = _wrap(np.rint)
+pow = _wrap(np.power)
+atan2 = _wrap(np.arctan2)
+fmod = _wrap(np.fmod)

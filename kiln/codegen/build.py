@@ -1,0 +1,103 @@
+"""build: compile a `KernelSpec` with Triton and launch it.
+
+`triton.jit` reads the function's source file, so `compile_kernel` writes `spec.source` to
+`<cache dir>/<spec.key>.py` (`KILN_CODEGEN_CACHE_DIR`, default `<tmp>/kiln-codegen-<uid>`),
+imports it under a unique module name and returns the `JITFunction` (memoized per key in the
+process). `launch(spec, *tensors)` passes each tensor's whole storage (the kernel indexes flat
+storage offsets, as the IR does). On a machine without CUDA, set `TRITON_INTERPRET=1` before
+triton is imported (tests/conftest.py does) to run on CPU tensors.
+
+`run_graph(graph, inputs)` is an unfused driver for tests and debugging: one kernel per
+`ComputedBuffer`, externs and fallbacks through the reference runtime.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from kiln.codegen.kernel import KernelSpec, emit_kernel
+
+__all__ = ["cache_dir", "compile_kernel", "launch", "run_graph"]
+
+_compiled: dict[str, Any] = {}
+
+
+def cache_dir() -> Path:
+    path = os.environ.get("KILN_CODEGEN_CACHE_DIR")
+    if path:
+        out = Path(path)
+    else:
+        uid = os.getuid() if hasattr(os, "getuid") else "user"
+        out = Path(tempfile.gettempdir()) / f"kiln-codegen-{uid}"
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def compile_kernel(spec: KernelSpec) -> Any:
+    """The `triton.jit` function of `spec` (source written to the cache dir and imported)."""
+    key = spec.key
+    fn = _compiled.get(key)
+    if fn is not None:
+        return fn
+    path = cache_dir() / f"{spec.name}_{key}.py"
+    if not path.exists() or path.read_text() != spec.source:
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(spec.source)
+        os.replace(tmp, path)  # atomic: concurrent processes never import a partial file
+    mod_name = f"kiln_codegen_{spec.name}_{key}"
+    module_spec = importlib.util.spec_from_file_location(mod_name, path)
+    assert module_spec is not None and module_spec.loader is not None
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[mod_name] = module  # triton resolves globals through the module
+    module_spec.loader.exec_module(module)
+    fn = _compiled[key] = getattr(module, spec.name)
+    return fn
+
+
+def _storage(t: torch.Tensor) -> torch.Tensor:
+    """The whole storage of `t` as a 1-D tensor starting at storage offset 0."""
+    n = t.untyped_storage().nbytes() // t.element_size()
+    return torch.as_strided(t, (n,), (1,), 0)
+
+
+def launch(spec: KernelSpec, *tensors: torch.Tensor) -> None:
+    """Run the kernel on `tensors`, one per `spec.args` (any views of those buffers: the
+    kernel addresses their storages)."""
+    if len(tensors) != len(spec.args):
+        raise TypeError(f"{spec.name} takes {len(spec.args)} tensors {spec.args}, "
+                        f"got {len(tensors)}")
+    fn = compile_kernel(spec)
+    meta = spec.meta_dict
+    fn[spec.grid(meta)](*(_storage(t) for t in tensors), **meta, num_warps=spec.num_warps)
+
+
+def run_graph(graph: Any, inputs: Sequence[Any]) -> list[Any]:
+    """Run an `IRGraph` with one generated kernel per computed buffer (no fusion)."""
+    from kiln.lower.evaluate import PrintedRun, _materialize, _new_storage, _run_node
+    from kiln.lower.ir import ComputedBuffer
+
+    rt = PrintedRun(graph.constants)
+    for buf, value in zip(graph.inputs, inputs):
+        if buf is not None:
+            lay = buf.layout
+            rt.bind(buf.name, value, lay.dtype, lay.size, lay.stride, lay.offset)
+    for name in graph.constants:
+        rt.constant(name)
+    for node in graph.nodes:
+        if isinstance(node, ComputedBuffer):
+            lay = node.layout
+            rt.storages[node.name] = _new_storage(lay.dtype, lay.size, lay.stride, lay.offset)
+            spec = emit_kernel(node, graph)
+            launch(spec, *(rt.storages[n] for n in spec.args))
+        else:
+            _run_node(rt, node)
+    by_name = {buf.name: value for buf, value in zip(graph.inputs, inputs) if buf is not None}
+    for name, arg in graph.mutations:
+        rt.mutate(name, by_name[name], _materialize(arg, rt))
+    return [_materialize(out, rt) for out in graph.outputs]

@@ -1,0 +1,353 @@
+"""triton_printer: the ops handler that prints a loop body as Triton source.
+
+`TritonPrinter` is one more `kiln.lower.ops.OpsHandler` (beside `Evaluator`, `Printer`,
+`DepsCollector`): running a `ComputedBuffer`'s body under it appends Triton statements to
+`printer.lines`, one `tmpN = ...` per op, with common subexpressions shared by text.
+
+Conventions of the kernel it prints into (see `kernel.py`, which writes the prologue):
+
+- pointwise: 1-D blocks; `xindex` is `[XBLOCK]`, `xmask = xindex < xnumel`, and the loop
+  variables `x0, x1, ...` are defined from `xindex` by div/mod.
+- reduction: 2-D blocks `[XBLOCK, RBLOCK]`; `xindex` is `[XBLOCK, 1]`, `rindex` `[1, RBLOCK]`,
+  `r0, r1, ...` come from `rindex`; `reduction` reduces axis 1 and keeps it (`[:, None]`).
+
+Values carry their torch dtype (`TV`), so dtype-dependent ops (floor division, remainder,
+reduction identities) print the right form. Index expressions (`index.Expr`) print with Triton's
+truncating `//` and `%` only where the dividend's `bounds()` are non-negative; elsewhere (inside
+`masked` bodies, e.g. padding) they print a floor-correct form. Loads are masked by the masks of
+the loop axes their index uses plus every enclosing `masked` condition.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Mapping
+
+import torch
+
+from kiln.lower.index import Div, Expr, Sym, sym
+from kiln.lower.ops import OpsHandler
+
+__all__ = ["CodegenError", "TV", "TritonPrinter", "triton_dtype"]
+
+
+class CodegenError(NotImplementedError):
+    """A body uses something this code generator does not print yet."""
+
+
+_TL_DTYPES = {
+    torch.float32: "tl.float32", torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16",
+    torch.float64: "tl.float64", torch.int8: "tl.int8", torch.int16: "tl.int16",
+    torch.int32: "tl.int32", torch.int64: "tl.int64", torch.uint8: "tl.uint8",
+    torch.bool: "tl.int1",
+}
+
+
+def triton_dtype(dtype: torch.dtype) -> str:
+    try:
+        return _TL_DTYPES[dtype]
+    except KeyError:
+        raise CodegenError(f"no Triton dtype for {dtype}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class TV:
+    """A printed value: the Triton variable (or literal) `name` and its torch `dtype`."""
+
+    name: str
+    dtype: torch.dtype | None
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def _literal(value: Any) -> str:
+    if isinstance(value, bool):
+        return "True" if value else "False"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return 'float("nan")'
+        if math.isinf(value):
+            return 'float("inf")' if value > 0 else 'float("-inf")'
+        return repr(value)
+    return repr(int(value))
+
+
+_COMPARE = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+_UNARY = {
+    "abs": "tl.abs({0})", "neg": "-{0}", "exp": "tl.exp({0})", "exp2": "tl.exp2({0})",
+    "expm1": "libdevice.expm1({0})", "log": "tl.log({0})", "log1p": "libdevice.log1p({0})",
+    "log2": "tl.log2({0})", "sqrt": "tl.sqrt({0})", "rsqrt": "tl.rsqrt({0})",
+    "sin": "tl.sin({0})", "cos": "tl.cos({0})", "tan": "libdevice.tan({0})",
+    "tanh": "libdevice.tanh({0})", "sigmoid": "tl.sigmoid({0})", "erf": "tl.erf({0})",
+    "reciprocal": "1.0 / {0}", "floor": "tl.floor({0})", "ceil": "tl.ceil({0})",
+    "trunc": "libdevice.trunc({0})", "round": "libdevice.nearbyint({0})",
+    "bitwise_not": "~{0}", "isnan": "{0} != {0}", "isinf": "tl.abs({0}) == float(\"inf\")",
+    "square": "{0} * {0}",
+}
+_BOOL_RESULT = {"logical_not", "isnan", "isinf", "eq", "ne", "lt", "le", "gt", "ge",
+                "logical_and", "logical_or", "logical_xor"}
+
+
+def _promote(*dtypes: torch.dtype | None) -> torch.dtype | None:
+    known = [d for d in dtypes if d is not None]
+    if not known:
+        return None
+    out = known[0]
+    for d in known[1:]:
+        out = torch.promote_types(out, d)
+    return out
+
+
+class TritonPrinter(OpsHandler):
+    """Prints a body into `lines`. `reduction`: whether the kernel is 2-D `[XBLOCK, RBLOCK]`.
+    `buffer_dtypes`: dtypes of buffers the body loads (unknown loads have dtype None, which
+    only dtype-dependent ops refuse). `loads`/`stores` map buffer names to pointer args in
+    first-use order."""
+
+    def __init__(self, reduction: bool = False,
+                 buffer_dtypes: Mapping[str, torch.dtype] | None = None) -> None:
+        self.is_reduction = reduction
+        self.buffer_dtypes = dict(buffer_dtypes or {})
+        self.lines: list[str] = []
+        self.loads: dict[str, str] = {}
+        self.stores: dict[str, str] = {}
+        self.masks: list[str] = []
+        self._cse: dict[str, TV] = {}
+        self._count = 0
+        self._indirect: set[str] = set()
+        self.reductions: list[str] = []
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    @property
+    def _block(self) -> str:
+        return "[XBLOCK, RBLOCK]" if self.is_reduction else "[XBLOCK]"
+
+    @property
+    def _one(self) -> str:
+        return "[1, 1]" if self.is_reduction else "[1]"
+
+    def _emit(self, expr: str, dtype: torch.dtype | None, cse: bool = True) -> TV:
+        key = f"{expr}|{dtype}"
+        if cse and key in self._cse:
+            return self._cse[key]
+        name = f"tmp{self._count}"
+        self._count += 1
+        self.lines.append(f"{name} = {expr}")
+        value = TV(name, dtype)
+        if cse:
+            self._cse[key] = value
+        return value
+
+    def index(self, expr: Expr) -> str:
+        """Triton source for an index expression (floor-correct where it can go negative)."""
+        parts: list[str] = []
+        for atom, coef in expr.terms:
+            text = atom.name if isinstance(atom, Sym) else self._div(atom)
+            if coef == 1:
+                parts.append(text)
+            else:
+                parts.append(f"({coef})*{text}" if coef < 0 else f"{coef}*{text}")
+        if expr.const or not parts:
+            parts.append(f"({expr.const})" if expr.const < 0 else str(expr.const))
+        return " + ".join(parts)
+
+    def _div(self, atom: Div) -> str:
+        arg = self.index(atom.arg)
+        d, m = atom.div, atom.mod
+        if atom.arg.bounds()[0] >= 0:
+            text = f"(({arg}) // {d})" if d != 1 else f"({arg})"
+            return f"({text} % {m})" if m is not None else text
+        # floor semantics from truncating // and %: ((a % d) + d) % d is the floor remainder
+        text = f"(({arg}) - ((({arg}) % {d}) + {d}) % {d}) // {d}" if d != 1 else f"({arg})"
+        text = f"({text})"
+        return f"((({text} % {m}) + {m}) % {m})" if m is not None else text
+
+    def _axes(self, expr: Expr) -> tuple[bool, bool, bool]:
+        """(uses x, uses r, uses an indirect symbol)."""
+        x = r = ind = False
+        for s in expr.free_symbols():
+            if s.name in self._indirect:
+                ind = True
+            elif s.name.startswith("r"):
+                r = True
+            else:
+                x = True
+        return x, r, ind
+
+    def _mask_for(self, expr: Expr) -> str | None:
+        x, r, ind = self._axes(expr)
+        parts = []
+        if x or ind:
+            parts.append("xmask")
+        if self.is_reduction and (r or ind):
+            parts.append("rmask")
+        parts += [f"({m})" for m in self.masks]
+        return " & ".join(parts) if parts else None
+
+    def _store_index(self, expr: Expr) -> str:
+        text = self.index(expr)
+        if not self._axes(expr)[0]:
+            text = f"{text} + 0 * xindex"  # broadcast a constant offset to the block
+        return text
+
+    # -- memory ------------------------------------------------------------------------------
+
+    def load(self, name: str, index: Expr) -> TV:
+        ptr = self.loads.setdefault(name, f"in_ptr{len(self.loads)}")
+        mask = self._mask_for(index)
+        dtype = self.buffer_dtypes.get(name)
+        if mask is None:
+            return self._emit(f"tl.load({ptr} + ({self.index(index)}))", dtype)
+        other = "False" if dtype == torch.bool else "0"
+        return self._emit(f"tl.load({ptr} + ({self.index(index)}), {mask}, other={other})",
+                          dtype)
+
+    def store(self, name: str, index: Expr, value: TV) -> None:
+        ptr = self.stores.setdefault(name, f"out_ptr{len(self.stores)}")
+        self.lines.append(f"tl.store({ptr} + ({self._store_index(index)}), {value}, xmask)")
+
+    store_reduction = store
+
+    def reduction(self, dtype: torch.dtype, src_dtype: torch.dtype, reduction_type: str,
+                  value: TV) -> TV:
+        if not self.is_reduction:
+            raise CodegenError("reduction in a pointwise kernel")
+        v = value.name
+        if reduction_type in ("sum", "prod") and value.dtype != dtype:
+            v = f"{v}.to({triton_dtype(dtype)})"
+        elif reduction_type == "any":
+            v = f"({v} != 0).to(tl.int8)"
+        floating = (value.dtype or dtype).is_floating_point
+        if reduction_type in ("sum", "any"):
+            neutral = "0"
+        elif reduction_type == "prod":
+            neutral = "1"
+        elif reduction_type in ("max", "argmax"):
+            neutral = 'float("-inf")' if floating else str(_int_min(value.dtype))
+        elif reduction_type in ("min", "argmin"):
+            neutral = 'float("inf")' if floating else str(_int_max(value.dtype))
+        else:
+            raise CodegenError(f"reduction {reduction_type!r}")
+        full = self._emit(f"tl.broadcast_to({v}, [XBLOCK, RBLOCK])", None, cse=False)
+        masked = self._emit(f"tl.where(xmask & rmask, {full}, {neutral})", None, cse=False)
+        if reduction_type == "sum":
+            expr = f"tl.sum({masked}, 1)"
+        elif reduction_type == "prod":
+            expr = f"tl.reduce({masked}, 1, _prod_combine)"
+        elif reduction_type == "max":
+            expr = f"tl.reduce({masked}, 1, _max_combine)" if floating else f"tl.max({masked}, 1)"
+        elif reduction_type == "min":
+            expr = f"tl.reduce({masked}, 1, _min_combine)" if floating else f"tl.min({masked}, 1)"
+        elif reduction_type == "argmax":
+            expr = f"tl.argmax({masked}, 1).to(tl.int64)"
+        elif reduction_type == "argmin":
+            expr = f"tl.argmin({masked}, 1).to(tl.int64)"
+        else:  # any
+            expr = f"tl.max({masked}, 1) != 0"
+        self.reductions.append(reduction_type)
+        return self._emit(f"({expr})[:, None]", dtype, cse=False)
+
+    # -- leaves and control ------------------------------------------------------------------
+
+    def constant(self, value: Any, dtype: torch.dtype) -> TV:
+        return self._emit(f"tl.full({self._one}, {_literal(value)}, {triton_dtype(dtype)})",
+                          dtype)
+
+    def index_expr(self, expr: Expr, dtype: torch.dtype) -> TV:
+        if expr.is_constant:
+            return self.constant(expr.const, dtype)
+        return self._emit(f"({self.index(expr)}).to({triton_dtype(dtype)})", dtype)
+
+    def indirect_indexing(self, value: TV, size: int, check: bool = True) -> Expr:
+        v = self._emit(f"{value}.to(tl.int32)" if size < 2**31 else f"{value}.to(tl.int64)",
+                       None, cse=False)
+        wrapped = self._emit(f"tl.where({v} < 0, {v} + {size}, {v})", None, cse=False)
+        self._indirect.add(wrapped.name)
+        return sym(wrapped.name, size)
+
+    def to_dtype(self, x: TV, dtype: torch.dtype) -> TV:
+        if x.dtype == dtype:
+            return x
+        if dtype == torch.bool:
+            return self._emit(f"{x} != 0", dtype)
+        return self._emit(f"{x}.to({triton_dtype(dtype)})", dtype)
+
+    def where(self, cond: TV, a: TV, b: TV) -> TV:
+        return self._emit(f"tl.where({cond}, {a}, {b})", _promote(a.dtype, b.dtype))
+
+    def masked(self, mask: TV, body: Callable[[], Any], other: Any) -> TV:
+        self.masks.append(mask.name)
+        saved = dict(self._cse)  # values computed under a mask are not valid outside it
+        try:
+            value = body()
+        finally:
+            self.masks.pop()
+            self._cse = saved
+        dtype = value.dtype
+        if dtype is not None:
+            other_v = f"tl.full({self._one}, {_literal(other)}, {triton_dtype(dtype)})"
+        else:
+            other_v = _literal(other)
+        return self._emit(f"tl.where({mask}, {value}, {other_v})", dtype)
+
+    def math(self, name: str, *args: TV) -> TV:
+        dtype = _promote(*(a.dtype for a in args))
+        floating = dtype is not None and dtype.is_floating_point
+        if name in _UNARY:
+            (a,) = args
+            return self._emit(_UNARY[name].format(a), torch.bool if name in _BOOL_RESULT
+                              else dtype)
+        if name == "logical_not":
+            return self._emit(f"{args[0]} == 0", torch.bool)
+        if name == "sign":
+            (a,) = args
+            return self._emit(f"(({a} > 0).to({triton_dtype(dtype)}) - "
+                              f"({a} < 0).to({triton_dtype(dtype)}))", dtype)
+        a, b = args
+        if name in _COMPARE:
+            return self._emit(f"{a} {_COMPARE[name]} {b}", torch.bool)
+        simple = {"add": "+", "sub": "-", "mul": "*", "bitwise_and": "&", "bitwise_or": "|",
+                  "bitwise_xor": "^"}
+        if name in simple:
+            return self._emit(f"{a} {simple[name]} {b}", dtype)
+        if name == "truediv":
+            return self._emit(f"{a} / {b}", dtype if floating else torch.float32)
+        if name in ("logical_and", "logical_or", "logical_xor"):
+            op = {"logical_and": "&", "logical_or": "|", "logical_xor": "^"}[name]
+            return self._emit(f"({a} != 0) {op} ({b} != 0)", torch.bool)
+        if name in ("maximum", "minimum"):
+            if floating:  # torch propagates NaN
+                cmp = ">" if name == "maximum" else "<"
+                return self._emit(f"tl.where(({a} {cmp} {b}) | ({a} != {a}), {a}, {b})", dtype)
+            return self._emit(f"tl.{name}({a}, {b})", dtype)
+        if dtype is None:
+            raise CodegenError(f"ops.{name} needs operand dtypes (pass the graph to emit_kernel)")
+        if name == "pow":
+            return self._emit(f"libdevice.pow({a}, {b})", dtype)
+        if name == "atan2":
+            return self._emit(f"libdevice.atan2({a}, {b})", dtype)
+        if name == "truncdiv":
+            return self._emit(f"libdevice.trunc({a} / {b})" if floating else f"{a} // {b}", dtype)
+        if name == "fmod":
+            return self._emit(f"libdevice.fmod({a}, {b})" if floating else f"{a} % {b}", dtype)
+        if name == "floordiv":
+            if floating:
+                return self._emit(f"tl.floor({a} / {b})", dtype)
+            q = self._emit(f"{a} // {b}", dtype)
+            fix = f"(({a} % {b} != 0) & (({a} < 0) != ({b} < 0))).to({triton_dtype(dtype)})"
+            return self._emit(f"{q} - {fix}", dtype)
+        if name == "remainder":
+            r = self._emit(f"libdevice.fmod({a}, {b})" if floating else f"{a} % {b}", dtype)
+            return self._emit(f"tl.where(({r} != 0) & (({r} < 0) != ({b} < 0)), {r} + {b}, {r})",
+                              dtype)
+        raise CodegenError(f"ops.{name}")
+
+
+def _int_min(dtype: torch.dtype | None) -> int:
+    return 0 if dtype in (None, torch.bool) else torch.iinfo(dtype).min
+
+
+def _int_max(dtype: torch.dtype | None) -> int:
+    return 1 if dtype in (None, torch.bool) else torch.iinfo(dtype).max
