@@ -82,6 +82,7 @@ def run_graph(graph: Any, inputs: Sequence[Any]) -> list[Any]:
     from kiln.lower.evaluate import PrintedRun, _materialize, _new_storage, _run_node
     from kiln.lower.ir import ComputedBuffer
 
+    device = next((t.device for t in inputs if isinstance(t, torch.Tensor)), torch.device("cpu"))
     rt = PrintedRun(graph.constants)
     for buf, value in zip(graph.inputs, inputs):
         if buf is not None:
@@ -92,7 +93,8 @@ def run_graph(graph: Any, inputs: Sequence[Any]) -> list[Any]:
     for node in graph.nodes:
         if isinstance(node, ComputedBuffer):
             lay = node.layout
-            rt.storages[node.name] = _new_storage(lay.dtype, lay.size, lay.stride, lay.offset)
+            storage = _new_storage(lay.dtype, lay.size, lay.stride, lay.offset)
+            rt.storages[node.name] = storage.to(device)  # where the inputs live
             spec = emit_kernel(node, graph)
             launch(spec, *(rt.storages[n] for n in spec.args))
         else:

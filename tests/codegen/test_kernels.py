@@ -126,7 +126,8 @@ def test_spec_provenance_and_launch():
     assert all(f"from {o.node}" in spec.source for o in node.origins)
     assert spec.name in spec.source and spec.kind == "pointwise"
     assert spec.grid(spec.meta_dict) == (1,)
-    out = torch.empty(10)
+    x = x.to(DEVICE)
+    out = torch.empty(10, device=DEVICE)
     launch(spec, x, out)
     torch.testing.assert_close(out, x.exp() + 1)
 
