@@ -54,9 +54,6 @@ def check_resumable(code: types.CodeType, index: int) -> None:
     inst = instrs[index]
     if inst.opname not in _RESUMABLE:
         unsupported("no-resume-here", f"capture cannot resume after {inst.opname} yet")
-    if code.co_cellvars:
-        unsupported("no-resume-cells", "the function has variables captured by inner functions; "
-                    "resuming after a graph break cannot share them yet")
     if code.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR):
         unsupported("no-resume-generator", "graph breaks inside generators are not supported")
     for other in instrs:  # any backward jump (loop latch) around the break
@@ -109,6 +106,9 @@ def _build_resume_code(layout: ResumeLayout) -> types.CodeType:
     prefix: list[Instr] = []
     if code.co_freevars:
         prefix.append(Instr("COPY_FREE_VARS", len(code.co_freevars), len(code.co_freevars)))
+    # cellvars arrive as plain arguments (their current values) and are made cells again, as
+    # CPython does for an argument captured by an inner function
+    prefix.extend(Instr("MAKE_CELL", None, name) for name in code.co_cellvars)
     prefix.append(Instr("RESUME", 0, 0))
     names = iter(stack_args)
     for slot in layout.stack:

@@ -209,9 +209,16 @@ def build_break_entry_code(output: OutputGraph, tx: Translator, fn: types.Functi
         ctx.exit(tx)
     rebuild = _Rebuilder(output)
     lines = rebuild.side_effect_lines()
-    live = tuple(n for n in tx.code.co_varnames if n in tx.locals
-                 and not isinstance(tx.locals[n], NullVT) and not n.startswith(STACK_PREFIX))
-    live_exprs = [rebuild.expr(tx.locals[n]) for n in live]
+    used = _names_read_after(tx.instructions, tx.break_at + 1 if inst.opname == "CALL" else
+                             min(tx.break_at + 1, inst.target.index))
+    live_locals = [n for n in tx.code.co_varnames if n in tx.locals and n in used and n not in
+                   tx.code.co_cellvars and not isinstance(tx.locals[n], NullVT)
+                   and not n.startswith(STACK_PREFIX)]
+    live_cells = [n for n in tx.code.co_cellvars if n in tx.cells and n in used
+                  and tx.cells[n].value is not None]
+    live = tuple(live_locals + live_cells)
+    live_exprs = [rebuild.expr(tx.locals[n]) for n in live_locals]
+    live_exprs += [rebuild.expr(tx.cells[n].value) for n in live_cells]
 
     def resume_call(target: int, stack: list[VT], extra: list[str]) -> str:
         slots = tuple(_slot(v) for v in stack) + ("value",) * len(extra)
@@ -234,6 +241,16 @@ def build_break_entry_code(output: OutputGraph, tx: Translator, fn: types.Functi
         lines.append(f"    return {resume_call(inst.target.index, below, [])}")
         lines.append(f"return {resume_call(tx.break_at + 1, below, [])}")
     return _finish(output, rebuild, lines)
+
+
+_READS = ("LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_AND_CLEAR", "DELETE_FAST", "LOAD_DEREF",
+          "LOAD_CLOSURE", "STORE_DEREF", "DELETE_DEREF")
+
+
+def _names_read_after(instrs: list, start: int) -> set[str]:
+    """Variables the code may still use from instruction `start` on. Breaks never resume inside
+    a loop, so everything reachable from `start` lies after it: a conservative liveness."""
+    return {i.argval for i in instrs[start:] if i.opname in _READS}
 
 
 _BRANCH_TESTS = {"POP_JUMP_IF_TRUE": "{}", "POP_JUMP_IF_FALSE": "not {}",

@@ -85,3 +85,43 @@ def test_python_version_the_bytecode_layer_refuses_runs_eagerly(monkeypatch):
     report = kiln.explain(f)(x)
     assert report.break_reasons[0].code == "unsupported-python"
     torch.testing.assert_close(kiln.compile(f)(x), x * 3, rtol=0, atol=0)
+
+
+def _cell_captured_by_lambda(x):
+    scale = 3.0
+    g = lambda t: t * scale  # noqa: E731 - `scale` becomes a cell variable
+    y = g(x).sin()
+    print("break")
+    return y + scale
+
+
+def _inner_function_live_after_break(x):
+    k = 2.0
+
+    def inner(t):
+        return t * k
+
+    y = inner(x)
+    print("break")
+    k = 5.0  # the inner function must see the new value
+    return inner(y)
+
+
+def test_break_in_a_function_with_cell_variables_resumes(counting_backend, capsys):
+    compiled = kiln.compile(_cell_captured_by_lambda, backend=counting_backend)
+    for _ in range(3):
+        x = torch.randn(4)
+        torch.testing.assert_close(compiled(x), _cell_captured_by_lambda(x), rtol=0, atol=0)
+    assert counting_backend.count == 2  # before and after the print: the frame resumed
+    assert capsys.readouterr().out == "break\n" * 6
+
+
+def test_inner_function_live_across_a_break_stays_correct(capsys):
+    compiled = kiln.compile(_inner_function_live_after_break)
+    for _ in range(3):
+        x = torch.randn(4)
+        torch.testing.assert_close(compiled(x), _inner_function_live_after_break(x),
+                                   rtol=0, atol=0)
+    report = kiln.explain(_inner_function_live_after_break)(torch.randn(4))
+    # the inner function cannot be handed to the resume function yet: the frame runs route-only
+    assert [r.code for r in report.break_reasons] == ["output-value"]
