@@ -79,27 +79,19 @@ def launch(spec: KernelSpec, *tensors: torch.Tensor) -> None:
 
 def run_graph(graph: Any, inputs: Sequence[Any]) -> list[Any]:
     """Run an `IRGraph` with one generated kernel per computed buffer (no fusion)."""
-    from kiln.lower.evaluate import PrintedRun, _materialize, _new_storage, _run_node
+    from kiln.lower.evaluate import _new_storage, _run_node, run_ir
     from kiln.lower.ir import ComputedBuffer
 
     device = next((t.device for t in inputs if isinstance(t, torch.Tensor)), torch.device("cpu"))
-    rt = PrintedRun(graph.constants)
-    for buf, value in zip(graph.inputs, inputs):
-        if buf is not None:
-            lay = buf.layout
-            rt.bind(buf.name, value, lay.dtype, lay.size, lay.stride, lay.offset)
-    for name in graph.constants:
-        rt.constant(name)
-    for node in graph.nodes:
-        if isinstance(node, ComputedBuffer):
-            lay = node.layout
-            storage = _new_storage(lay.dtype, lay.size, lay.stride, lay.offset)
-            rt.storages[node.name] = storage.to(device)  # where the inputs live
-            spec = emit_kernel(node, graph)
-            launch(spec, *(rt.storages[n] for n in spec.args))
-        else:
+
+    def run_node(rt: Any, node: Any) -> None:
+        if not isinstance(node, ComputedBuffer):
             _run_node(rt, node)
-    by_name = {buf.name: value for buf, value in zip(graph.inputs, inputs) if buf is not None}
-    for name, arg in graph.mutations:
-        rt.mutate(name, by_name[name], _materialize(arg, rt))
-    return [_materialize(out, rt) for out in graph.outputs]
+            return
+        lay = node.layout
+        storage = _new_storage(lay.dtype, lay.size, lay.stride, lay.offset)
+        rt.storages[node.name] = storage.to(device)  # where the inputs live
+        spec = emit_kernel(node, graph)
+        launch(spec, *(rt.storages[n] for n in spec.args))
+
+    return run_ir(graph, inputs, run_node)

@@ -282,9 +282,11 @@ def _run_node(rt: PrintedRun, node: ComputedBuffer | ExternKernel) -> None:
     rt._call(node.op, _materialize(node.args, rt), _materialize(node.kwargs, rt), outputs)
 
 
-def run_ir(graph: IRGraph, inputs: Sequence[Any]) -> list[Any]:
+def run_ir(graph: IRGraph, inputs: Sequence[Any], run_node: Any = None) -> list[Any]:
     """Run `graph` on `inputs` (one per placeholder, with the layouts it was lowered for) and
-    return the flat outputs; in-place updates of inputs (`graph.mutations`) are applied."""
+    return the flat outputs; in-place updates of inputs (`graph.mutations`) are applied.
+    `run_node(rt, node)` replaces how each node runs (codegen launches kernels instead)."""
+    run_node = run_node or _run_node
     rt = PrintedRun(graph.constants)
     for buf, value in zip(graph.inputs, inputs):
         if buf is not None:
@@ -293,7 +295,7 @@ def run_ir(graph: IRGraph, inputs: Sequence[Any]) -> list[Any]:
     for name in graph.constants:
         rt.constant(name)
     for node in graph.nodes:
-        _run_node(rt, node)
+        run_node(rt, node)
     by_name = {buf.name: value for buf, value in zip(graph.inputs, inputs) if buf is not None}
     for name, arg in graph.mutations:
         rt.mutate(name, by_name[name], _materialize(arg, rt))
