@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from typing import Any, Iterator
+from typing import Any
 
 __all__ = ["Config", "config"]
 

@@ -16,7 +16,6 @@ from kiln.capture import _compat
 from kiln.capture.guards import Constants, GuardSet
 from kiln.capture.sources import Source
 from kiln.capture.unsupported import unsupported
-from kiln.diagnostics import UserLocation
 
 if TYPE_CHECKING:
     from kiln.capture.variables.tensor import TensorVT

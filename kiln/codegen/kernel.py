@@ -19,7 +19,6 @@ import math
 import re
 from typing import Callable, Mapping
 
-import torch
 
 from kiln.lower.ir import ComputedBuffer, IRGraph, Origin, Reduction
 from kiln.lower.ops import use_handler

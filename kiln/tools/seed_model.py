@@ -1,7 +1,6 @@
 """The seed document's TransformerBlock (`shared/seed/`, section 3), unchanged, and its sizes."""
 from __future__ import annotations
 
-import torch
 import torch.nn as nn
 
 __all__ = ["TransformerBlock", "seed_sizes"]

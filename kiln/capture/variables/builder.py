@@ -6,7 +6,6 @@ computed itself or that come from library code taken as constant; it installs no
 """
 from __future__ import annotations
 
-import dataclasses
 import enum
 import functools
 import types

@@ -284,7 +284,6 @@ def lower_constant_pad_nd(call: Call, x: TensorValue, pad: Sequence[int],
     for k in range(len(pad) // 2):
         lows[ndim - 1 - k] = pad[2 * k]
     load = x.loader()
-    comp = x.compute_dtype
     fill = value
 
     def inner(index: Sequence[Expr]) -> Any:
