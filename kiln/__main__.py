@@ -1,5 +1,9 @@
 """`python -m kiln demo`: the seed's TransformerBlock captured by kiln, checked against eager,
-and its explain report (on the GPU when there is one, else at a small size on the CPU)."""
+and its explain report (on the GPU when there is one, else at a small size on the CPU).
+
+`python -m kiln bench`: the built-in suite under eager, kiln and torch.compile
+(`kiln.tools.bench`). `python -m kiln explain TARGET`: the explain report for a user's code
+(`kiln.tools.explain_cli`)."""
 from __future__ import annotations
 
 import argparse
@@ -44,7 +48,19 @@ def main(argv: list[str] | None = None) -> int:
     run_demo = sub.add_parser("demo", help="capture the seed's TransformerBlock and explain it")
     run_demo.add_argument("--cpu", action="store_true", help="stay on the CPU even with a GPU")
     run_demo.add_argument("--verbose", action="store_true", help="print every report in full")
+    from kiln.tools import bench_report, explain_cli
+    run_bench = sub.add_parser("bench", help="eager vs kiln (vs torch.compile) on the model suite",
+                               description=bench_report.__doc__)
+    bench_report.add_arguments(run_bench)
+    run_explain = sub.add_parser("explain", help="print kiln's explain report for your code",
+                                 description=explain_cli.__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    explain_cli.add_arguments(run_explain)
     args = parser.parse_args(argv)
+    if args.command == "bench":
+        return bench_report.bench_command(args)
+    if args.command == "explain":
+        return explain_cli.explain_command(args)
     return demo(args)
 
 
