@@ -1,6 +1,8 @@
 """kiln's public entry points: `compile` and the escape hatches (mirroring torch.compile)."""
 from __future__ import annotations
 
+import functools
+import inspect
 import types
 from typing import Any, Callable
 
@@ -38,12 +40,41 @@ def compile(fn_or_module: Any = None, *, backend: str | Callable | None = None,
         warn_once("dynamic-shapes", "kiln: dynamic shapes are not supported yet; shapes are "
                   "specialized and a new shape recompiles")
     backend_obj = backend if backend is not None else config.default_backend
-    settings = CompileSettings(lookup_backend(backend_obj), _backend_name(backend_obj), fullgraph,
-                               mode, tuple(sorted((options or {}).items())))
+    options_key = tuple(sorted((options or {}).items()))
+    backend_fn = _bind_mode(lookup_backend(backend_obj), mode, options_key)
+    settings = CompileSettings(backend_fn, _backend_name(backend_obj), fullgraph, mode,
+                               options_key)
     mutation.install()
     if isinstance(fn_or_module, torch.nn.Module):
         return CompiledModule(fn_or_module, settings)
     return _compile_callable(fn_or_module, settings)
+
+
+@functools.lru_cache(maxsize=None)
+def _bind_mode(backend: Callable, mode: str | None, options: tuple) -> Callable:
+    """The backend with `mode=` / `options=` bound when it takes them (as torch.compile hands
+    them to Inductor). Cached, so equal settings keep one backend object (capture's caches key
+    on it). A backend without those parameters gets neither, with a warning."""
+    if mode in (None, "default") and not options:
+        return backend
+    try:
+        params = inspect.signature(backend).parameters
+    except (TypeError, ValueError):
+        params = {}
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    kwargs: dict[str, Any] = {}
+    if mode not in (None, "default") and (takes_any or "mode" in params):
+        kwargs["mode"] = mode
+    if options and (takes_any or "options" in params):
+        kwargs["options"] = dict(options)
+    if not kwargs:
+        warn_once(("backend-ignores-mode", _backend_name(backend)),
+                  f"kiln: backend {_backend_name(backend)!r} takes no mode/options; "
+                  f"mode={mode!r} options={dict(options)!r} are ignored")
+        return backend
+    bound = functools.partial(backend, **kwargs)
+    functools.update_wrapper(bound, backend)
+    return bound
 
 
 def _backend_name(backend: Any) -> str:

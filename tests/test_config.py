@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from kiln.config import config
 from kiln.errors import KilnConfigError, KilnError
@@ -106,3 +107,21 @@ def test_unknown_name_lists_valid_names():
         config.patch(nope=1)
     with pytest.raises(AttributeError, match="no setting 'nope'"):
         config.nope  # noqa: B018
+
+
+def test_compile_hands_mode_and_options_to_backends_that_take_them():
+    import kiln
+
+    seen = []
+
+    def backend(gm, example_inputs, mode=None, options=None):
+        seen.append((mode, options))
+        return gm.forward
+
+    x = torch.randn(3)
+    f = kiln.compile(lambda t: t * 2 + 1, backend=backend, mode="max-autotune",
+                     options={"k": 1})
+    torch.testing.assert_close(f(x), x * 2 + 1)
+    assert seen == [("max-autotune", {"k": 1})]
+    g = kiln.compile(lambda t: t - 3, backend="eager", mode="max-autotune")  # takes no mode
+    torch.testing.assert_close(g(x), x - 3)
