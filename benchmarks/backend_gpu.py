@@ -9,8 +9,10 @@
 - micro: the four memory-bound micro-kernels of ANCHORS.md at their sizes and at >= 256 MB
   per input tensor: median ms, GB/s, % of the copy bandwidth measured in the same run.
 - launches: CUDA kernels launched per call (torch.profiler) for bf16 inference.
-- warm: first-call time in a NEW process with kiln's (and Inductor's) disk caches filled by an
-  earlier process (the script re-runs itself with `--child-warm`).
+- warm: first-call time of bf16 inference in a new process with empty cache dirs (cold), then
+  in a second new process with the caches the first filled (warm); the script re-runs itself
+  with `--child-warm`. (The first-call times of the seed part share one process, so whichever
+  compiler runs first there also pays Triton's start-up.)
 
 Prints one JSON line per row and a table at the end; `--out DIR` also writes `backend_gpu.json`.
 Needs CUDA. Numbers belong in benchmarks/RESULTS.md with the date, commit and command.
@@ -218,12 +220,20 @@ def child_first_call(variant: str, kiln_mode: str | None) -> None:
 
 
 def part_warm(kiln_mode: str | None) -> None:
+    """Cold: a new process with empty cache dirs (Inductor's, Triton's, kiln's); warm: a second
+    new process with the dirs the first one filled."""
+    import tempfile
+
     for variant in ("torch.compile", "kiln"):
-        for attempt in ("fill", "warm"):
+        caches = tempfile.mkdtemp(prefix=f"warm-{variant}-")
+        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=os.path.join(caches, "inductor"),
+                   TRITON_CACHE_DIR=os.path.join(caches, "triton"),
+                   KILN_CACHE_DIR=os.path.join(caches, "kiln"))
+        for attempt in ("cold", "warm"):
             cmd = [sys.executable, os.path.abspath(__file__), "--child-warm", variant]
             if kiln_mode:
                 cmd += ["--kiln-mode", kiln_mode]
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
             line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("CHILD ")), None)
             if line is None:
                 emit({"part": "warm", "variant": variant, "attempt": attempt,
