@@ -2,8 +2,9 @@
 and its explain report (on the GPU when there is one, else at a small size on the CPU).
 
 `python -m kiln bench`: the built-in suite under eager, kiln and torch.compile
-(`kiln.tools.bench`). `python -m kiln explain TARGET`: the explain report for a user's code
-(`kiln.tools.explain_cli`)."""
+(`kiln.tools.bench`; `--report` also writes the HTML report of the first model).
+`python -m kiln explain TARGET`: the explain report for a user's code (`kiln.tools.explain_cli`).
+`python -m kiln report [TARGET]`: the HTML report (`kiln.tools.report`)."""
 from __future__ import annotations
 
 import argparse
@@ -49,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     run_demo.add_argument("--cpu", action="store_true", help="stay on the CPU even with a GPU")
     run_demo.add_argument("--verbose", action="store_true", help="print every report in full")
     from kiln.tools import bench_report, explain_cli
+    from kiln.tools.report import cli as report_cli
     run_bench = sub.add_parser("bench", help="eager vs kiln (vs torch.compile) on the model suite",
                                description=bench_report.__doc__)
     bench_report.add_arguments(run_bench)
@@ -56,11 +58,18 @@ def main(argv: list[str] | None = None) -> int:
                                  description=explain_cli.__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     explain_cli.add_arguments(run_explain)
+    run_report = sub.add_parser("report", help="one self-contained HTML report: breaks, "
+                                "recompiles, fusion, kernels vs the machine's ceilings",
+                                description=report_cli.__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    report_cli.add_arguments(run_report)
     args = parser.parse_args(argv)
     if args.command == "bench":
         return bench_report.bench_command(args)
     if args.command == "explain":
         return explain_cli.explain_command(args)
+    if args.command == "report":
+        return report_cli.report_command(args)
     return demo(args)
 
 

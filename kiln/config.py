@@ -39,6 +39,12 @@ _FIELDS: dict[str, _Field] = {
     "default_backend": _Field("eager", str, "KILN_BACKEND", "backend used when none is given"),
     "eager_rng": _Field(False, bool, "KILN_EAGER_RNG",
                         "random ops run exactly as eager (not decomposed, unused ones kept)"),
+    "cpu_codegen": _Field("eager", str, "KILN_CPU_CODEGEN",
+                          "the kiln backend on CPU tensors: 'eager' runs the captured graph as "
+                          "torch ops; 'triton_interpret' runs the generated Triton kernels in "
+                          "Triton's interpreter (needs TRITON_INTERPRET=1; slow, for tests)"),
+    "warm_start": _Field(True, bool, "KILN_WARM_START",
+                         "the kiln backend reuses compiled inference graphs from the disk cache"),
 }
 
 

@@ -20,6 +20,7 @@ __all__ = [
     "artifact_logger",
     "log",
     "reset_warnings",
+    "info_once",
     "set_logs",
     "warn_once",
 ]
@@ -107,8 +108,18 @@ def warn_once(key: Hashable, msg: str, logger: logging.Logger | None = None) -> 
     return True
 
 
+def info_once(key: Hashable, msg: str, logger: logging.Logger | None = None) -> bool:
+    """Log `msg` at INFO the first time `key` is seen (a choice the user may want to know
+    about, not a problem); returns whether it was logged."""
+    if key in _warned:
+        return False
+    _warned.add(key)
+    (logger or log).info(msg)
+    return True
+
+
 def reset_warnings() -> None:
-    """Forget which warn_once keys were seen (part of kiln.reset())."""
+    """Forget which warn_once / info_once keys were seen (part of kiln.reset())."""
     _warned.clear()
 
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Bootstrap and run the CPU test suite on Python 3.11 and 3.12 (3.12 through pyenv when it is not
 # on PATH). Extra arguments go to pytest. Fails if either run fails or collects no tests.
+# scripts/setup_browser.sh installs playwright and a headless Chromium for the HTML report's
+# browser test; KILN_CHROMIUM tells the test where it is (the test fails without one).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,6 +27,11 @@ for v in 3.11 3.12; do
     fi
     if ! venv_py="$(bash scripts/bootstrap.sh "$exe" | tail -1)"; then
         summary+=("$v: BOOTSTRAP FAILED"); status=1; continue
+    fi
+    if chromium="$(bash scripts/setup_browser.sh "$venv_py" | tail -1)"; then
+        export KILN_CHROMIUM="$chromium"
+    else
+        echo "browser setup failed: the report's browser test will fail" >&2
     fi
     echo "running tests with $("$venv_py" -VV | head -1) ($venv_py)"
     "$venv_py" -m pytest -q -m "not gpu" "$@"

@@ -31,6 +31,8 @@ def test_defaults():
         "suppress_errors": True,
         "eager_rng": False,
         "default_backend": "eager",
+        "cpu_codegen": "eager",
+        "warm_start": True,
     }
 
 

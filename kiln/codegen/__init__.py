@@ -1,24 +1,29 @@
-"""codegen: loop IR → Triton kernels.
+"""codegen: fused groups of the loop IR → Triton kernels.
 
-Input: `ComputedBuffer`s of a lowered `IRGraph` (`kiln.lower`), later fused groups from the
-schedule stage. Output: `KernelSpec`s (`kernel.py`): a Triton module's source text, the buffer
-arguments in call order, constexpr meta, a grid function and the FX provenance (also written as
-a comment header of the source).
+Input: a `FusedGroup` from the schedule stage (`ComputedBuffer` members in order over one
+iteration space, the buffers to store) and its `IRGraph`. Output: a `KernelSpec` (`kernel.py`):
+a Triton module's source text (a header listing every member with its IR and FX provenance),
+the buffer arguments in call order, constexpr meta, launch options, a grid function.
 
-Steps: run the node's body under `TritonPrinter` (`triton_printer.py`, one more ops handler),
-wrap the printed statements in a pointwise (1-D, `XBLOCK`) or persistent-reduction
-(`[XBLOCK=1, RBLOCK]`) prologue; `build.py` writes the source to a cache dir, imports it
-(`triton.jit` needs a real file) and launches it on flat storages.
+Steps: pick a `KernelConfig` (`config.py`: pointwise, 2-D tiled pointwise, persistent or looped
+reduction; block sizes, warps, stages; `candidate_configs` for autotuning), run the members'
+bodies under one `TritonPrinter` (`group.py`, `triton_printer.py`, `reductions.py`) with fused
+values kept in registers, wrap them in the kind's prologue and loops; `build.py` writes the
+source to a cache dir, imports it (`triton.jit` needs a real file) and launches it.
 
-Invariants: static shapes are specialized into the source; loads and stores are masked;
-low-precision data is computed in float32 and rounded once at the store (the IR's explicit
-casts); floor `//`/`%` is printed with Triton's truncating operators only for non-negative
-dividends. Never: fuses (the schedule stage hands fused groups), allocates or orders buffers (the
-wrapper does), or needs a GPU to emit source (CPU tests run it under TRITON_INTERPRET=1).
+Invariants: static shapes are specialized into the source; masks are elided only where the
+blocks divide the sizes; low-precision data is computed in float32 and rounded once at each
+store; floor `//`/`%` is printed with Triton's truncating operators only for non-negative
+dividends; every config of a group takes the same arguments. Never: decides fusion (the schedule
+stage hands groups; codegen refuses a group it cannot serve from registers), allocates or orders
+buffers (the wrapper does), or needs a GPU to emit source (CPU tests run it under
+TRITON_INTERPRET=1).
 """
 from __future__ import annotations
 
-from kiln.codegen.kernel import KernelSpec, emit_kernel
+from kiln.codegen.config import KernelConfig, candidate_configs
+from kiln.codegen.kernel import KernelSpec, emit_group, emit_kernel
 from kiln.codegen.triton_printer import CodegenError, TritonPrinter
 
-__all__ = ["CodegenError", "KernelSpec", "TritonPrinter", "emit_kernel"]
+__all__ = ["CodegenError", "KernelConfig", "KernelSpec", "TritonPrinter", "candidate_configs",
+           "emit_group", "emit_kernel"]

@@ -1,11 +1,17 @@
 """build: compile a `KernelSpec` with Triton and launch it.
 
 `triton.jit` reads the function's source file, so `compile_kernel` writes `spec.source` to
-`<cache dir>/<spec.key>.py` (`KILN_CODEGEN_CACHE_DIR`, default `<tmp>/kiln-codegen-<uid>`),
-imports it under a unique module name and returns the `JITFunction` (memoized per key in the
-process). `launch(spec, *tensors)` passes each tensor's whole storage (the kernel indexes flat
-storage offsets, as the IR does). On a machine without CUDA, set `TRITON_INTERPRET=1` before
-triton is imported (tests/conftest.py does) to run on CPU tensors.
+`<cache dir>/<spec.name>_<spec.key>.py` (`KILN_CODEGEN_CACHE_DIR`, default
+`<kiln cache_root()>/kernels`), imports it under a module name made of the same two parts and
+returns the `JITFunction`, memoized per key in the process. Names and files depend only on the
+source text (deterministic across processes) and a lock makes concurrent calls from compile
+threads import each module once. Triton compiles the binary later, on the first launch or a
+`warmup` (`kiln.runtime.launcher.build_launchers` does that in parallel).
+
+`launch(spec, *tensors)` passes each tensor's whole storage (the kernel indexes flat storage
+offsets, as the IR does); it is the simple route for tests (the runtime's launchers are bound).
+On a machine without CUDA, set `TRITON_INTERPRET=1` before triton is imported
+(tests/conftest.py does) to run on CPU tensors.
 
 `run_graph(graph, inputs)` is an unfused driver for tests and debugging: one kernel per
 `ComputedBuffer`, externs and fallbacks through the reference runtime.
@@ -15,7 +21,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
-import tempfile
+import threading
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -26,6 +32,7 @@ from kiln.codegen.kernel import KernelSpec, emit_kernel
 __all__ = ["cache_dir", "compile_kernel", "launch", "run_graph"]
 
 _compiled: dict[str, Any] = {}
+_compile_lock = threading.Lock()
 
 
 def cache_dir() -> Path:
@@ -33,21 +40,29 @@ def cache_dir() -> Path:
     if path:
         out = Path(path)
     else:
-        uid = os.getuid() if hasattr(os, "getuid") else "user"
-        out = Path(tempfile.gettempdir()) / f"kiln-codegen-{uid}"
+        from kiln.runtime.cache import cache_root
+        out = cache_root() / "kernels"
     out.mkdir(parents=True, exist_ok=True)
     return out
 
 
 def compile_kernel(spec: KernelSpec) -> Any:
     """The `triton.jit` function of `spec` (source written to the cache dir and imported)."""
-    key = spec.key
-    fn = _compiled.get(key)
+    fn = _compiled.get(spec.key)
     if fn is not None:
         return fn
+    with _compile_lock:  # compile threads: one import per module, never a half-run module
+        fn = _compiled.get(spec.key)
+        if fn is None:
+            fn = _compiled[spec.key] = _import_kernel(spec)
+    return fn
+
+
+def _import_kernel(spec: KernelSpec) -> Any:
+    key = spec.key
     path = cache_dir() / f"{spec.name}_{key}.py"
     if not path.exists() or path.read_text() != spec.source:
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
         tmp.write_text(spec.source)
         os.replace(tmp, path)  # atomic: concurrent processes never import a partial file
     mod_name = f"kiln_codegen_{spec.name}_{key}"
@@ -56,8 +71,7 @@ def compile_kernel(spec: KernelSpec) -> Any:
     module = importlib.util.module_from_spec(module_spec)
     sys.modules[mod_name] = module  # triton resolves globals through the module
     module_spec.loader.exec_module(module)
-    fn = _compiled[key] = getattr(module, spec.name)
-    return fn
+    return getattr(module, spec.name)
 
 
 def _storage(t: torch.Tensor) -> torch.Tensor:
@@ -74,7 +88,7 @@ def launch(spec: KernelSpec, *tensors: torch.Tensor) -> None:
                         f"got {len(tensors)}")
     fn = compile_kernel(spec)
     meta = spec.meta_dict
-    fn[spec.grid(meta)](*(_storage(t) for t in tensors), **meta, num_warps=spec.num_warps)
+    fn[spec.grid(meta)](*(_storage(t) for t in tensors), **spec.launch_options())
 
 
 def run_graph(graph: Any, inputs: Sequence[Any]) -> list[Any]:

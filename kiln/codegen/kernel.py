@@ -1,15 +1,24 @@
-"""kernel: one `ComputedBuffer` → one Triton kernel (`KernelSpec`).
+"""kernel: a `FusedGroup` → one Triton kernel (`KernelSpec`).
 
-- `Pointwise` → a 1-D flattened kernel: `xindex` covers `prod(ranges)` in blocks of `XBLOCK`
-  (next power of 2 of numel, at most 1024), the loop variables are div/mod of `xindex`.
-- `Reduction` → a persistent reduction: one program per output row (`XBLOCK = 1`), the whole
-  row in registers (`RBLOCK = next_pow2(rnumel)`), tile `[XBLOCK, RBLOCK]` with the reduction
-  axis fastest, so reads whose innermost reduction stride is 1 coalesce. Looped reductions
-  (rnumel too large for registers) and column ("outer") tilings are not emitted yet.
+`emit_group(group, graph, config)` prints the members' bodies (`group.py`) into one of three
+kernel kinds (`KernelConfig.kind`, chosen by `config.candidate_configs` unless given):
 
-Sizes are specialized into the source (static shapes). Indices are int32 unless a size or
-storage offset reaches 2**31. The source starts with a comment header naming the buffer, its IR
-and the FX nodes / user lines it came from.
+- pointwise: 1-D, `xindex` covers `numel` in blocks of `XBLOCK`; the loop variables are div/mod
+  of `xindex`. The mask is elided when `XBLOCK` divides numel, so contiguous loads vectorize.
+- pointwise_2d: tiles `[XBLOCK, YBLOCK]` over a split of the loop dims, 2-D grid, when a read is
+  transposed to the write (`config.transpose_split`).
+- persistent_reduction: tile `[XBLOCK, RBLOCK]` (`RBLOCK >= rnumel`), `XBLOCK` rows per program,
+  the whole row in registers, reduced once along axis 1.
+- looped_reduction: `XBLOCK` rows per program, `for roffset in range(0, rnumel, RBLOCK)` with
+  accumulators; several loops when a member needs an earlier reduction's result (`group.py`).
+
+Column ("outer") reductions use the same tile; their configs give a small `XBLOCK` and a large
+`RBLOCK` and Triton's coalescing makes x the fast axis of the layout since the loads are
+contiguous along x. Sizes are specialized into the source (static shapes). Indices are int32
+unless a size or storage extent reaches 2**31 (then int64). The source starts with a comment
+header listing every member with its IR and the FX nodes / user lines it came from.
+
+`emit_kernel(node, graph)` is `emit_group` of the one-node group that stores `node`.
 """
 from __future__ import annotations
 
@@ -19,15 +28,22 @@ import math
 import re
 from typing import Callable, Mapping
 
-
-from kiln.lower.ir import ComputedBuffer, IRGraph, Origin, Reduction
-from kiln.lower.ops import use_handler
+from kiln.codegen.config import (
+    KernelConfig,
+    check_config,
+    default_config,
+    next_power_of_2,
+    reduction_class,
+    transpose_split,
+)
+from kiln.codegen.group import print_group
+from kiln.codegen.reductions import PRELUDE_HELPERS
 from kiln.codegen.triton_printer import CodegenError, TritonPrinter
+from kiln.lower.deps import read_writes
+from kiln.lower.ir import ComputedBuffer, IRGraph, Origin, Reduction, loop_vars
+from kiln.schedule import FusedGroup
 
-__all__ = ["KernelSpec", "emit_kernel", "next_power_of_2"]
-
-MAX_XBLOCK = 1024
-MAX_PERSISTENT_RBLOCK = 4096
+__all__ = ["KernelSpec", "emit_group", "emit_kernel", "next_power_of_2"]
 
 _PRELUDE = '''import os
 
@@ -39,25 +55,10 @@ if os.environ.get("TRITON_INTERPRET") == "1":  # the interpreter does not patch 
 else:
     from triton.language.extra import libdevice
 
+''' + PRELUDE_HELPERS
 
-@triton.jit
-def _max_combine(a, b):
-    return tl.where((a > b) | (a != a), a, b)
-
-
-@triton.jit
-def _min_combine(a, b):
-    return tl.where((a < b) | (a != a), a, b)
-
-
-@triton.jit
-def _prod_combine(a, b):
-    return a * b
-'''
-
-
-def next_power_of_2(n: int) -> int:
-    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+_PREFIX = {"pointwise": "kiln_poi", "pointwise_2d": "kiln_tile", "persistent_reduction": "kiln_per",
+           "looped_reduction": "kiln_red"}
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -71,9 +72,11 @@ class KernelSpec:
     name: the `@triton.jit` function's name in `source` (a whole module: imports, helpers,
         the kernel). args: buffer names, one per pointer argument, in call order (reads, then
         writes); arg_names: the pointer parameter names. reads / writes: buffer names.
-    meta: constexpr arguments (XBLOCK, RBLOCK); num_warps: launch option.
-    grid: `grid(meta) -> tuple` of program counts. kind: "pointwise" | "persistent_reduction".
-    numel / rnumel: the output and reduction sizes. origins: FX nodes it came from.
+    meta: constexpr arguments (XBLOCK, RBLOCK); num_warps / num_stages: launch options.
+    grid: `grid(meta) -> tuple` of program counts. kind: "pointwise" | "persistent_reduction"
+        | "looped_reduction". numel / rnumel: the output and reduction sizes. origins: FX nodes
+        it came from. config: the `KernelConfig` it was emitted with. members: the group's
+        buffer names in order. reduction_class: "inner" | "outer" ("" for pointwise).
     """
 
     name: str
@@ -89,6 +92,10 @@ class KernelSpec:
     numel: int
     rnumel: int
     origins: tuple[Origin, ...]
+    config: KernelConfig | None = None
+    num_stages: int = 1
+    members: tuple[str, ...] = ()
+    reduction_class: str = ""
 
     @property
     def meta_dict(self) -> dict[str, int]:
@@ -99,36 +106,49 @@ class KernelSpec:
         """A content hash of the source (the compile cache key)."""
         return hashlib.sha256(self.source.encode()).hexdigest()[:20]
 
+    def launch_options(self) -> dict[str, int]:
+        """The keyword arguments of `kernel[grid](*pointers, **options)`."""
+        return {**self.meta_dict, "num_warps": self.num_warps, "num_stages": self.num_stages}
 
-def _kernel_name(node: ComputedBuffer, prefix: str) -> str:
+
+# -- naming and header -------------------------------------------------------------------------
+
+def _kernel_name(group: FusedGroup, prefix: str) -> str:
     ops: list[str] = []
-    for origin in node.origins:
+    for origin in group.origins:
         op = origin.op.split("/")[0].removeprefix("aten.").split(".")[0]
         if op and op not in ops:
             ops.append(op)
-    parts = [prefix] + ops[:4] + [node.name]
+    parts = [prefix] + ops[:4] + [group.name]
     return re.sub(r"[^0-9A-Za-z_]", "_", "_".join(parts))
 
 
-def _header(node: ComputedBuffer, kind: str) -> list[str]:
+def _describe(node: ComputedBuffer) -> str:
     data = node.data
     if isinstance(data, Reduction):
-        what = (f"Reduction {data.reduction_type} ranges={list(data.ranges)} "
+        return (f"Reduction {data.reduction_type} ranges={list(data.ranges)} "
                 f"reduction_ranges={list(data.reduction_ranges)}")
-    else:
-        what = f"Pointwise ranges={list(data.ranges)}"
-    lines = [f"# kiln {kind} kernel for {node.name}: {node.layout.render()}", f"#   {what}"]
-    for origin in node.origins:
-        where = f" at {origin.user_location}" if origin.user_location else ""
-        lines.append(f"#   from {origin.node} ({origin.op}){where}")
+    return f"Pointwise ranges={list(data.ranges)}"
+
+
+def _header(group: FusedGroup, config: KernelConfig, red_class: str) -> list[str]:
+    what = f" ({red_class} reduction)" if red_class else ""
+    lines = [f"# kiln {config.kind} kernel for {group.name}{what}: "
+             f"x={list(group.x_ranges)} r={list(group.r_ranges)}",
+             f"#   config: {config.short()}"]
+    for node in group.nodes:
+        fate = "stored" if node.name in group.stores else "in registers"
+        lines.append(f"#   {node.name} ({fate}): {node.layout.render()} = {_describe(node)}")
+        for origin in node.origins:
+            where = f" at {origin.user_location}" if origin.user_location else ""
+            lines.append(f"#     from {origin.node} ({origin.op}){where}")
     return lines
 
 
 def _define_vars(prefix: str, ranges: tuple[int, ...], source: str) -> list[str]:
     """`x0 = xindex // 16`, `x1 = xindex % 16`, ... (size-1 dims never appear in indices)."""
-    lines = []
-    inner = 1
     defs = []
+    inner = 1
     for d in reversed(range(len(ranges))):
         size = ranges[d]
         if size != 1:
@@ -137,81 +157,172 @@ def _define_vars(prefix: str, ranges: tuple[int, ...], source: str) -> list[str]
                 text = f"{text} % {size}"
             defs.append(f"{prefix}{d} = {text}")
         inner *= size
-    lines.extend(reversed(defs))
-    return lines
+    return list(reversed(defs))
 
 
-def emit_kernel(node: ComputedBuffer, graph: IRGraph | None = None) -> KernelSpec:
-    """The Triton kernel computing `node` alone. `graph` supplies the dtypes and storage
-    sizes of the buffers it reads (needed for dtype-dependent ops and 64-bit indexing)."""
-    if not isinstance(node, ComputedBuffer):
-        raise TypeError(f"emit_kernel takes a ComputedBuffer, got {type(node).__name__}")
+# -- prologues ---------------------------------------------------------------------------------
+
+def _x_prologue(group: FusedGroup, config: KernelConfig, masked: bool, wide: bool) -> list[str]:
+    tile = "[:, None]" if config.kind != "pointwise" else ""
+    pid = "tl.program_id(0).to(tl.int64)" if wide else "tl.program_id(0)"
+    lines = [f"xnumel = {group.numel}"]
+    if config.kind != "pointwise":
+        lines.append(f"rnumel = {group.rnumel}")
+    lines += [f"xoffset = {pid} * XBLOCK",
+              f"xindex = xoffset + tl.arange(0, XBLOCK){tile}"]
+    if masked:
+        lines.append("xmask = xindex < xnumel")
+    return lines + _define_vars("x", group.x_ranges, "xindex")
+
+
+def _r_prologue(group: FusedGroup, config: KernelConfig, masked: bool, wide: bool) -> list[str]:
+    base = "tl.arange(0, RBLOCK)[None, :]"
+    if config.kind == "looped_reduction":
+        base = f"roffset + {base}"
+    lines = [f"rindex = ({base}).to(tl.int64)" if wide else f"rindex = {base}"]
+    if masked:
+        lines.append("rmask = rindex < rnumel")
+    return lines + _define_vars("r", group.r_ranges, "rindex")
+
+
+def _is_wide(group: FusedGroup, graph: IRGraph | None) -> bool:
+    """Whether any index can reach 2**31 (then every index is int64)."""
+    sizes = [group.numel * group.rnumel] + [n.layout.storage_size() for n in group.nodes]
     buffers = graph.buffers if graph is not None else {}
-    dtypes = {name: buf.dtype for name, buf in buffers.items()}
-    dtypes[node.name] = node.dtype
-    is_red = node.is_reduction
-    data = node.data
-    numel = math.prod(data.ranges)
-    rnumel = math.prod(data.reduction_ranges) if is_red else 1
-    if numel == 0 or rnumel == 0:
-        raise CodegenError(f"{node.name}: empty loop nest")
+    for node in group.nodes:
+        reads = read_writes(node).read_names
+        sizes += [buffers[r].layout.storage_size() for r in reads if r in buffers]
+    return max(sizes) >= 2**31 - 1
+
+
+# -- entry points ------------------------------------------------------------------------------
+
+def _check_group(group: FusedGroup) -> None:
+    if not group.nodes:
+        raise CodegenError(f"{group.name}: empty group")
+    for node in group.nodes:
+        if not isinstance(node, ComputedBuffer):
+            raise TypeError(f"{group.name}: members must be ComputedBuffers, got "
+                            f"{type(node).__name__}")
+    if group.numel == 0 or (group.r_ranges and group.rnumel == 0):
+        raise CodegenError(f"{group.name}: empty loop nest")
+    if group.is_reduction and not group.r_ranges:
+        raise CodegenError(f"{group.name}: reduction members but no r_ranges")
+
+
+def _dtypes(group: FusedGroup, graph: IRGraph | None) -> dict:
+    dtypes = {name: buf.dtype for name, buf in (graph.buffers if graph else {}).items()}
+    dtypes.update({n.name: n.dtype for n in group.nodes})
+    return dtypes
+
+
+def _source(group: FusedGroup, config: KernelConfig, name: str, printer: TritonPrinter,
+            lines: list[str], constexprs: tuple[str, ...], red_class: str = "") -> str:
+    arg_names = tuple(printer.loads.values()) + tuple(printer.stores.values())
+    src = "\n".join(_header(group, config, red_class)) + "\n" + _PRELUDE + "\n\n@triton.jit\n"
+    src += f"def {name}({', '.join(arg_names + constexprs)}):\n"
+    return src + "".join(f"    {line}\n" for line in lines)
+
+
+def _spec(group: FusedGroup, config: KernelConfig, name: str, source: str,
+          printer: TritonPrinter, grid, red_class: str = "") -> KernelSpec:
+    reads, writes = tuple(printer.loads), tuple(printer.stores)
+    arg_names = tuple(printer.loads.values()) + tuple(printer.stores.values())
+    return KernelSpec(name=name, source=source, args=reads + writes, arg_names=arg_names,
+                      reads=reads, writes=writes, meta=config.meta, num_warps=config.num_warps,
+                      grid=grid, kind=config.kind, numel=group.numel, rnumel=group.rnumel,
+                      origins=group.origins, config=config, num_stages=config.num_stages,
+                      members=tuple(n.name for n in group.nodes), reduction_class=red_class)
+
+
+def _emit_tiled(group: FusedGroup, graph: IRGraph | None, config: KernelConfig) -> KernelSpec:
+    """A 2-D tiled pointwise kernel: tile `[XBLOCK, YBLOCK]` over `x_ranges[:k]` ×
+    `x_ranges[k:]`, so a transposed read and the write both touch whole rows of the tile (Triton
+    converts the layout between them through shared memory)."""
+    k = transpose_split(group, graph)
+    if k is None:
+        raise ValueError(f"{group.name}: pointwise_2d needs a read transposed to the write")
+    a_ranges, b_ranges = tuple(group.x_ranges[:k]), tuple(group.x_ranges[k:])
+    a, b = math.prod(a_ranges), math.prod(b_ranges)
+    tiles = FusedGroup(group.name, group.nodes, a_ranges, b_ranges, group.stores)
+    printer = TritonPrinter(reduction=False, buffer_dtypes=_dtypes(group, graph))
+    printer.two_d, printer.inner_prefix = True, "y"
+    xmasked, ymasked = a % config.XBLOCK != 0, b % config.RBLOCK != 0
+    printer.xmask = "xmask" if xmasked else None
+    printer.rmask = "ymask" if ymasked else None
+    wide = _is_wide(group, graph)
+    body = print_group(tiles, printer, loop_vars(a_ranges, "x"), loop_vars(b_ranges, "y"), False)
+    pid = ".to(tl.int64)" if wide else ""
+    lines = [f"xnumel = {a}", f"ynumel = {b}",
+             f"xoffset = tl.program_id(0){pid} * XBLOCK",
+             "xindex = xoffset + tl.arange(0, XBLOCK)[:, None]",
+             f"yoffset = tl.program_id(1){pid} * YBLOCK",
+             "yindex = yoffset + tl.arange(0, YBLOCK)[None, :]"]
+    lines += ["xmask = xindex < xnumel"] if xmasked else []
+    lines += ["ymask = yindex < ynumel"] if ymasked else []
+    lines += _define_vars("x", a_ranges, "xindex") + _define_vars("y", b_ranges, "yindex")
+    name = _kernel_name(group, _PREFIX[config.kind])
+    src = _source(group, config, name, printer, lines + body.lines,
+                  ("XBLOCK: tl.constexpr", "YBLOCK: tl.constexpr"))
+
+    def grid(meta: Mapping[str, int], _a: int = a, _b: int = b) -> tuple[int, ...]:
+        return (_cdiv(_a, meta["XBLOCK"]), _cdiv(_b, meta["YBLOCK"]))
+
+    return _spec(group, config, name, src, printer, grid)
+
+
+def emit_group(group: FusedGroup, graph: IRGraph | None = None,
+               config: KernelConfig | None = None) -> KernelSpec:
+    """The Triton kernel computing `group` (members in order, `group.stores` written).
+    `graph` supplies the dtypes and storage sizes of the buffers it reads (needed for
+    dtype-dependent ops and 64-bit indexing); `config` defaults to the heuristic choice."""
+    _check_group(group)
+    is_red = group.is_reduction
+    config = config or default_config(group, graph)
+    check_config(config, group.numel, group.rnumel, is_red)
+    if config.kind == "pointwise_2d":
+        return _emit_tiled(group, graph, config)
+    dtypes = _dtypes(group, graph)
+    wide = _is_wide(group, graph)
+    xmasked = group.numel % config.XBLOCK != 0
+    rmasked = is_red and group.rnumel % config.RBLOCK != 0
+    if config.kind == "persistent_reduction":
+        rmasked = group.rnumel != config.RBLOCK
 
     printer = TritonPrinter(reduction=is_red, buffer_dtypes=dtypes)
-    index, rindex = node.loop_vars()
-    with use_handler(printer):
-        node.body(index, rindex)
+    printer.xmask = "xmask" if xmasked else None
+    printer.rmask = "rmask" if rmasked else None
+    printer.wide, printer.rnumel = wide, group.rnumel
+    xvars = loop_vars(group.x_ranges, "x")
+    rvars = loop_vars(group.r_ranges, "r")
+    r_pro = _r_prologue(group, config, rmasked, wide) if is_red else []
+    looped = config.kind == "looped_reduction"
+    body = print_group(group, printer, xvars, rvars, looped, r_pro)
 
-    sizes = [numel * rnumel, node.layout.storage_size()]
-    sizes += [buffers[n].layout.storage_size() for n in printer.loads if n in buffers]
-    wide = max(sizes) >= 2**31 - 1
-    idx_cast = ".to(tl.int64)" if wide else ""
+    red_class = reduction_class(group, graph) if is_red else ""
+    name = _kernel_name(group, _PREFIX[config.kind])
+    prologue = _x_prologue(group, config, xmasked, wide)
+    if is_red and not looped:
+        prologue += r_pro
+    constexprs = ("XBLOCK: tl.constexpr",) + (("RBLOCK: tl.constexpr",) if is_red else ())
+    src = _source(group, config, name, printer, prologue + body.lines, constexprs, red_class)
 
-    if is_red:
-        kind = "persistent_reduction"
-        rblock = next_power_of_2(rnumel)
-        if rblock > MAX_PERSISTENT_RBLOCK:
-            raise CodegenError(f"{node.name}: rnumel {rnumel} needs a looped reduction")
-        meta = (("XBLOCK", 1), ("RBLOCK", rblock))
-        num_warps = 1 if rblock <= 64 else 4 if rblock <= 1024 else 8
-        name = _kernel_name(node, "kiln_per")
-        prologue = [
-            f"xnumel = {numel}",
-            f"rnumel = {rnumel}",
-            "xoffset = tl.program_id(0) * XBLOCK",
-            f"xindex = (xoffset + tl.arange(0, XBLOCK)[:, None]){idx_cast}",
-            "xmask = xindex < xnumel",
-            f"rindex = tl.arange(0, RBLOCK)[None, :]{idx_cast}",
-            "rmask = rindex < rnumel",
-        ]
-        prologue += _define_vars("x", data.ranges, "xindex")
-        prologue += _define_vars("r", data.reduction_ranges, "rindex")
-        constexprs = "XBLOCK: tl.constexpr, RBLOCK: tl.constexpr"
-    else:
-        kind = "pointwise"
-        xblock = min(next_power_of_2(numel), MAX_XBLOCK)
-        meta = (("XBLOCK", xblock),)
-        num_warps = 4 if xblock <= 1024 else 8
-        name = _kernel_name(node, "kiln_poi")
-        prologue = [
-            f"xnumel = {numel}",
-            "xoffset = tl.program_id(0) * XBLOCK",
-            f"xindex = (xoffset + tl.arange(0, XBLOCK)){idx_cast}",
-            "xmask = xindex < xnumel",
-        ]
-        prologue += _define_vars("x", data.ranges, "xindex")
-        constexprs = "XBLOCK: tl.constexpr"
-
-    reads = tuple(printer.loads)
-    writes = tuple(printer.stores)
-    arg_names = tuple(printer.loads.values()) + tuple(printer.stores.values())
-    body = prologue + printer.lines
-    src = "\n".join(_header(node, kind)) + "\n" + _PRELUDE + "\n\n@triton.jit\n"
-    src += f"def {name}({', '.join(arg_names + (constexprs,))}):\n"
-    src += "".join(f"    {line}\n" for line in body)
-
-    def grid(meta: Mapping[str, int], _numel: int = numel) -> tuple[int, ...]:
+    def grid(meta: Mapping[str, int], _numel: int = group.numel) -> tuple[int, ...]:
         return (_cdiv(_numel, meta["XBLOCK"]),)
 
-    return KernelSpec(name=name, source=src, args=reads + writes, arg_names=arg_names,
-                      reads=reads, writes=writes, meta=meta, num_warps=num_warps, grid=grid,
-                      kind=kind, numel=numel, rnumel=rnumel, origins=tuple(node.origins))
+    return _spec(group, config, name, src, printer, grid, red_class)
+
+
+def single_group(node: ComputedBuffer) -> FusedGroup:
+    """The one-node group that computes and stores `node`."""
+    rr = tuple(node.data.reduction_ranges) if node.is_reduction else ()
+    return FusedGroup(node.name, [node], tuple(node.data.ranges), rr, (node.name,))
+
+
+def emit_kernel(node: ComputedBuffer, graph: IRGraph | None = None,
+                config: KernelConfig | None = None) -> KernelSpec:
+    """The Triton kernel computing `node` alone (`emit_group` of its one-node group)."""
+    if not isinstance(node, ComputedBuffer):
+        raise TypeError(f"emit_kernel takes a ComputedBuffer, got {type(node).__name__}")
+    return emit_group(single_group(node), graph, config)
+

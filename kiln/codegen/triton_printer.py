@@ -108,6 +108,8 @@ class TritonPrinter(OpsHandler):
     def __init__(self, reduction: bool = False,
                  buffer_dtypes: Mapping[str, torch.dtype] | None = None) -> None:
         self.is_reduction = reduction
+        self.two_d = reduction  # [XBLOCK, RBLOCK] tiles (also a 2-D tiled pointwise kernel)
+        self.inner_prefix = "r"  # loop symbols of the tile's second axis ("y" when 2-D pointwise)
         self.buffer_dtypes = dict(buffer_dtypes or {})
         self.lines: list[str] = []
         self.loads: dict[str, str] = {}
@@ -117,16 +119,31 @@ class TritonPrinter(OpsHandler):
         self._count = 0
         self._indirect: set[str] = set()
         self.reductions: list[str] = []
+        # Kernel-shape hooks, set by the group emitter (`group.py`):
+        self.xmask: str | None = "xmask"  # None where XBLOCK divides numel (mask elided)
+        self.rmask: str | None = "rmask"  # None where the tile covers r exactly
+        self.wide = False  # int64 indices
+        self.rnumel = 1
+        self.eviction: str | None = None  # eviction policy of loads that use r
+        # load(name, index) -> an in-register value (a fused producer's) or None for memory
+        self.resolve_load: Callable[[str, Expr], TV | None] | None = None
+        # store(name, index, value) -> whether the value is also written to memory
+        self.on_store: Callable[[str, Expr, TV], bool] | None = None
+        # looped reductions: the accumulators' init lines (before the r loop) and the switch to
+        # the code after the loop (where the reduced value lives); None when persistent
+        self.loop_pre: list[str] | None = None
+        self.exit_loop: Callable[[], None] | None = None
 
     # -- helpers -----------------------------------------------------------------------------
 
     @property
-    def _block(self) -> str:
-        return "[XBLOCK, RBLOCK]" if self.is_reduction else "[XBLOCK]"
-
-    @property
     def _one(self) -> str:
-        return "[1, 1]" if self.is_reduction else "[1]"
+        return "[1, 1]" if self.two_d else "[1]"
+
+    def new_name(self, prefix: str = "tmp") -> str:
+        name = f"{prefix}{self._count}"
+        self._count += 1
+        return name
 
     def _emit(self, expr: str, dtype: torch.dtype | None, cse: bool = True) -> TV:
         key = f"{expr}|{dtype}"
@@ -170,7 +187,7 @@ class TritonPrinter(OpsHandler):
         for s in expr.free_symbols():
             if s.name in self._indirect:
                 ind = True
-            elif s.name.startswith("r"):
+            elif s.name.startswith(self.inner_prefix):
                 r = True
             else:
                 x = True
@@ -179,10 +196,10 @@ class TritonPrinter(OpsHandler):
     def _mask_for(self, expr: Expr) -> str | None:
         x, r, ind = self._axes(expr)
         parts = []
-        if x or ind:
-            parts.append("xmask")
-        if self.is_reduction and (r or ind):
-            parts.append("rmask")
+        if (x or ind) and self.xmask:
+            parts.append(self.xmask)
+        if self.two_d and (r or ind) and self.rmask:
+            parts.append(self.rmask)
         parts += [f"({m})" for m in self.masks]
         return " & ".join(parts) if parts else None
 
@@ -192,62 +209,53 @@ class TritonPrinter(OpsHandler):
             text = f"{text} + 0 * xindex"  # broadcast a constant offset to the block
         return text
 
+    def _store_mask(self, expr: Expr) -> str | None:
+        parts = [self.xmask] if self.xmask else []
+        if self.two_d and self._axes(expr)[1] and self.rmask:
+            parts.append(self.rmask)
+        return " & ".join(parts) if parts else None
+
     # -- memory ------------------------------------------------------------------------------
 
     def load(self, name: str, index: Expr) -> TV:
+        if self.resolve_load is not None:
+            value = self.resolve_load(name, index)
+            if value is not None:
+                return value
         ptr = self.loads.setdefault(name, f"in_ptr{len(self.loads)}")
         mask = self._mask_for(index)
         dtype = self.buffer_dtypes.get(name)
+        extra = ""
+        if self.eviction and self._axes(index)[1]:
+            extra = f", eviction_policy='{self.eviction}'"
         if mask is None:
-            return self._emit(f"tl.load({ptr} + ({self.index(index)}))", dtype)
+            return self._emit(f"tl.load({ptr} + ({self.index(index)}){extra})", dtype)
         other = "False" if dtype == torch.bool else "0"
-        return self._emit(f"tl.load({ptr} + ({self.index(index)}), {mask}, other={other})",
+        return self._emit(f"tl.load({ptr} + ({self.index(index)}), {mask}, other={other}{extra})",
                           dtype)
 
     def store(self, name: str, index: Expr, value: TV) -> None:
+        if self.on_store is not None and not self.on_store(name, index, value):
+            return
         ptr = self.stores.setdefault(name, f"out_ptr{len(self.stores)}")
-        self.lines.append(f"tl.store({ptr} + ({self._store_index(index)}), {value}, xmask)")
+        mask = self._store_mask(index)
+        tail = f", {mask}" if mask else ""
+        self.lines.append(f"tl.store({ptr} + ({self._store_index(index)}), {value}{tail})")
 
     store_reduction = store
 
     def reduction(self, dtype: torch.dtype, src_dtype: torch.dtype, reduction_type: str,
                   value: TV) -> TV:
+        from kiln.codegen import reductions
+
         if not self.is_reduction:
             raise CodegenError("reduction in a pointwise kernel")
-        v = value.name
-        if reduction_type in ("sum", "prod") and value.dtype != dtype:
-            v = f"{v}.to({triton_dtype(dtype)})"
-        elif reduction_type == "any":
-            v = f"({v} != 0).to(tl.int8)"
-        floating = (value.dtype or dtype).is_floating_point
-        if reduction_type in ("sum", "any"):
-            neutral = "0"
-        elif reduction_type == "prod":
-            neutral = "1"
-        elif reduction_type in ("max", "argmax"):
-            neutral = 'float("-inf")' if floating else str(_int_min(value.dtype))
-        elif reduction_type in ("min", "argmin"):
-            neutral = 'float("inf")' if floating else str(_int_max(value.dtype))
-        else:
+        if reduction_type not in reductions.REDUCTIONS:
             raise CodegenError(f"reduction {reduction_type!r}")
-        full = self._emit(f"tl.broadcast_to({v}, [XBLOCK, RBLOCK])", None, cse=False)
-        masked = self._emit(f"tl.where(xmask & rmask, {full}, {neutral})", None, cse=False)
-        if reduction_type == "sum":
-            expr = f"tl.sum({masked}, 1)"
-        elif reduction_type == "prod":
-            expr = f"tl.reduce({masked}, 1, _prod_combine)"
-        elif reduction_type == "max":
-            expr = f"tl.reduce({masked}, 1, _max_combine)" if floating else f"tl.max({masked}, 1)"
-        elif reduction_type == "min":
-            expr = f"tl.reduce({masked}, 1, _min_combine)" if floating else f"tl.min({masked}, 1)"
-        elif reduction_type == "argmax":
-            expr = f"tl.argmax({masked}, 1).to(tl.int64)"
-        elif reduction_type == "argmin":
-            expr = f"tl.argmin({masked}, 1).to(tl.int64)"
-        else:  # any
-            expr = f"tl.max({masked}, 1) != 0"
         self.reductions.append(reduction_type)
-        return self._emit(f"({expr})[:, None]", dtype, cse=False)
+        if self.loop_pre is None:
+            return reductions.persistent(self, dtype, src_dtype, reduction_type, value)
+        return reductions.looped(self, dtype, src_dtype, reduction_type, value)
 
     # -- leaves and control ------------------------------------------------------------------
 
@@ -284,7 +292,8 @@ class TritonPrinter(OpsHandler):
             value = body()
         finally:
             self.masks.pop()
-            self._cse = saved
+            self._cse.clear()  # in place: the group emitter's scopes hold this dict
+            self._cse.update(saved)
         dtype = value.dtype
         if dtype is not None:
             other_v = f"tl.full({self._one}, {_literal(other)}, {triton_dtype(dtype)})"
@@ -344,10 +353,3 @@ class TritonPrinter(OpsHandler):
                               dtype)
         raise CodegenError(f"ops.{name}")
 
-
-def _int_min(dtype: torch.dtype | None) -> int:
-    return 0 if dtype in (None, torch.bool) else torch.iinfo(dtype).min
-
-
-def _int_max(dtype: torch.dtype | None) -> int:
-    return 1 if dtype in (None, torch.bool) else torch.iinfo(dtype).max

@@ -186,12 +186,22 @@ class GraphBuilder:
                 return arg
         return self.realize(value).buffer.as_arg()
 
+    def attention_arg(self, value: TensorValue) -> TensorArg:
+        """`tensor_arg` for SDPA ops, whose fused kernels assume a unit stride along the head
+        dim without checking it (the CPU flash kernel silently reads a transposed k wrongly):
+        such a view is copied contiguous instead."""
+        arg = self.tensor_arg(value)
+        if len(arg.size) == 4 and arg.stride[-1] != 1 and arg.size[-1] != 1:
+            arg = self.copy(value).buffer.as_arg()
+        return arg
+
     def call_kernel(self, cls: type[ExternKernel], kind: str, call: Call, args: tuple,
                     kwargs: dict) -> Any:
         """Add an `Extern`/`Fallback` node calling `call.op(*args, **kwargs)`; returns its
         outputs as values (mirroring `call.out`'s structure)."""
-        kargs = _map_values(args, self.tensor_arg)
-        kkwargs = _map_values(kwargs, self.tensor_arg)
+        to_arg = self.attention_arg if kind.startswith("attention") else self.tensor_arg
+        kargs = _map_values(args, to_arg)
+        kkwargs = _map_values(kwargs, to_arg)
         metas = list(call.out) if isinstance(call.out, (tuple, list)) else [call.out]
         outputs: list[Any] = []
         for meta in metas:

@@ -37,7 +37,12 @@ import torch
 import kiln
 from kiln.tools.suite.registry import SUITE, ModelSpec, infer, train_step
 
-__all__ = ["COLUMNS", "FLOORS", "BenchConfig", "max_error", "run_bench", "step_outputs"]
+__all__ = ["COLUMNS", "FLOORS", "MODES", "BenchConfig", "max_error", "run_bench", "step_outputs"]
+
+MODES = ("default", "max-autotune")
+# torch's max-autotune adds CUDA graphs, which kiln does not have (and whose outputs are
+# overwritten by the next call, so the accuracy check cannot hold them): compare like with like.
+TORCH_MODES = {"max-autotune": "max-autotune-no-cudagraphs"}
 
 FLOORS = {torch.float32: 1e-4, torch.float64: 1e-10, torch.bfloat16: 1e-2,
           torch.float16: 1e-3}
@@ -49,9 +54,13 @@ COLUMNS = ("model", "variant", "verdict", "err_vs_eager", "err_vs_fp64", "median
 @dataclasses.dataclass(frozen=True)
 class BenchConfig:
     """What one bench run measures. backend: a registered kiln backend name or a callable
-    `(gm, example_inputs) -> callable`; compare: ("torch",) adds torch.compile."""
+    `(gm, example_inputs) -> callable`; mode: None, "default" or "max-autotune", given to
+    kiln.compile (which hands it to backends that take `mode=`) and to torch.compile
+    ("max-autotune" as "max-autotune-no-cudagraphs": kiln has no CUDA graphs);
+    compare: ("torch",) adds torch.compile."""
     models: tuple[str, ...] = tuple(SUITE)
     backend: Any = "eager"
+    mode: str | None = None
     dtype: torch.dtype = torch.float32
     train: bool = False
     size: str = "small"
@@ -172,9 +181,9 @@ def _reset_all() -> None:
 
 def _compile(variant: str, model: torch.nn.Module, config: BenchConfig) -> Any:
     if variant == "kiln":
-        return kiln.compile(model, backend=config.backend)
+        return kiln.compile(model, backend=config.backend, mode=config.mode)
     if variant == "torch.compile":
-        return torch.compile(model)
+        return torch.compile(model, mode=TORCH_MODES.get(config.mode, config.mode))
     return model
 
 

@@ -1,6 +1,8 @@
 """Rendering of `kiln.tools.bench` rows: the screen table, results.csv, results.json, the
 speedup plot (speedups.png, when matplotlib is importable) and the summary line; and the
-`python -m kiln bench` command itself (`add_arguments`, `bench_command`)."""
+`python -m kiln bench` command itself (`add_arguments`, `bench_command`). With `--report` the
+command also writes the HTML report (`kiln.tools.report`) of the first model, with the same
+backend, mode, device and size, as `<out>/report.html`."""
 from __future__ import annotations
 
 import argparse
@@ -16,7 +18,7 @@ from typing import Any
 import torch
 
 import kiln
-from kiln.tools.bench import COLUMNS, BenchConfig, names, parse_models, run_bench
+from kiln.tools.bench import COLUMNS, MODES, BenchConfig, names, parse_models, run_bench
 
 __all__ = [
     "add_arguments",
@@ -89,7 +91,8 @@ def summary_line(rows: list[dict]) -> str:
 def _config_dict(config: BenchConfig) -> dict:
     backend = config.backend if isinstance(config.backend, str) else getattr(
         config.backend, "__name__", type(config.backend).__name__)
-    return {"models": list(config.models), "backend": backend, "dtype": str(config.dtype),
+    return {"models": list(config.models), "backend": backend, "mode": config.mode,
+            "dtype": str(config.dtype),
             "train": config.train, "size": config.size, "compare": list(config.compare),
             "repeat": config.repeat, "device": config.device, "torch": torch.__version__,
             "kiln": kiln.__version__, "python": platform.python_version(),
@@ -152,6 +155,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", default=None,
                         help="kiln backend: eager, aot_eager or another registered name "
                         "(default: kiln.config.default_backend)")
+    parser.add_argument("--mode", choices=MODES, default=None,
+                        help="compile mode for kiln's backend and for torch.compile "
+                        "(default: none given, i.e. each one's default)")
     parser.add_argument("--dtype", choices=sorted(_DTYPES), default="float32")
     parser.add_argument("--train", action="store_true",
                         help="time the training step (forward, loss, backward) instead of "
@@ -164,19 +170,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="folder for results.csv, results.json and speedups.png")
     parser.add_argument("--repeat", type=int, default=5, help="timing runs per median (CPU)")
     parser.add_argument("--cpu", action="store_true", help="stay on the CPU even with a GPU")
+    parser.add_argument("--report", action="store_true",
+                        help="also write the HTML report of the first model (report.html in "
+                        "--out; see `python -m kiln report`)")
 
 
 def bench_command(args: argparse.Namespace, echo: Callable[[str], None] = print) -> int:
     from kiln.config import config as kiln_config
     device = "cuda" if torch.cuda.is_available() and not args.cpu else "cpu"
     config = BenchConfig(models=parse_models(args.models),
-                         backend=args.backend or kiln_config.default_backend,
+                         backend=args.backend or kiln_config.default_backend, mode=args.mode,
                          dtype=_DTYPES[args.dtype], train=args.train,
                          size=args.size or ("full" if device == "cuda" else "small"),
                          compare=tuple(args.compare), repeat=args.repeat, device=device)
     echo(f"kiln {kiln.__version__} bench on {device} (torch {torch.__version__}): "
          f"{'training' if config.train else 'inference'}, {args.dtype}, size {config.size}, "
-         f"backend {config.backend}")
+         f"backend {config.backend}" + (f", mode {config.mode}" if config.mode else ""))
     rows = run_bench(config, progress=sys.stderr)
     echo(format_table(rows))
     for path in write_results(rows, config, args.out):
@@ -184,4 +193,21 @@ def bench_command(args: argparse.Namespace, echo: Callable[[str], None] = print)
     plot = write_plot(rows, args.out)
     echo(f"wrote {plot}" if plot else "plot skipped: matplotlib is missing")
     echo(summary_line(rows))
+    if getattr(args, "report", False):
+        echo(f"wrote {write_bench_report(config, args.out)}")
     return 0
+
+
+def write_bench_report(config: BenchConfig, out_dir: str) -> str:
+    """The HTML report of the run's first model (`python -m kiln report suite:<model>`, same
+    backend, mode, device and size; training configs are reported in inference) as
+    `<out_dir>/report.html`, with its debug dir beside it; returns the path."""
+    import shutil
+
+    from kiln.tools.report.cli import report_for_target, write_report
+    backend = config.backend if isinstance(config.backend, str) else "eager"
+    debug_dir = os.path.join(out_dir, "report_debug")
+    shutil.rmtree(debug_dir, ignore_errors=True)  # ours: only this run's graphs
+    data = report_for_target(f"suite:{config.models[0]}", backend=backend, mode=config.mode,
+                             device=config.device, size=config.size, debug_dir=debug_dir)
+    return write_report(data, os.path.join(out_dir, "report.html"))

@@ -3,7 +3,8 @@
 Each folder (`<n>_<function>`) holds what capture produced: `graph.py` (the FX graph as runnable
 Python), `guards.txt` (each guard with the user line it protects), `entry.py` (the generated entry
 body: inputs, graph call, side effects, result) and `bytecode.txt` (the canonical instructions
-capture interpreted). Later stages add their files to the same folder.
+capture interpreted). The kiln backend writes one more folder per ATen graph it compiles
+(`<n>_<graph name>`, through `new_dump_folder` / `write_dump`; see docs/runtime.md).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import Any
 
 from kiln.config import config
 
-__all__ = ["dump_capture"]
+__all__ = ["dump_capture", "new_dump_folder", "write_dump"]
 
 _counter = itertools.count()
 
@@ -39,3 +40,24 @@ def dump_capture(code: types.CodeType, gm: Any, guards: list, body: list[str]) -
         with open(os.path.join(folder, filename), "w") as f:
             f.write(text)
     return folder
+
+
+def new_dump_folder(name: str) -> str | None:
+    """A fresh folder `<n>_<name>` under `KILN_DEBUG_DIR` (numbered with the capture folders, so
+    they sort in compile order); None when dumping is off."""
+    root = config.debug_dir
+    if not root:
+        return None
+    safe = re.sub(r"[^0-9A-Za-z_]+", "_", name)[:80]
+    folder = os.path.join(root, f"{next(_counter):04d}_{safe}")
+    os.makedirs(folder, exist_ok=True)
+    return folder
+
+
+def write_dump(folder: str, files: dict[str, str]) -> None:
+    """Write `files` (relative path → text) under `folder`, creating subfolders."""
+    for relative, text in files.items():
+        path = os.path.join(folder, relative)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(text)

@@ -55,23 +55,24 @@ def _load_attr(target: str) -> Any:
         raise SystemExit(f"kiln explain: {where!r} has no attribute {attr!r}") from None
 
 
-def _suite_target(name: str, train: bool) -> tuple[Any, tuple]:
+def _suite_target(name: str, train: bool, size: str = "small") -> tuple[Any, tuple]:
     from kiln.tools.suite.registry import get
     try:
         spec = get(name)
     except KeyError as exc:
         raise SystemExit(f"kiln explain: {exc.args[0]}") from None
     torch.manual_seed(0)
-    model, batch = spec.build("small")
+    model, batch = spec.build(size)
     model.train(train)
     return model, batch.inputs
 
 
 def load_target(target: str, arg_shapes: list[str] | None = None,
-                train: bool = False) -> tuple[Callable, tuple]:
-    """The function (or module) to explain and the arguments to call it with."""
+                train: bool = False, size: str = "small") -> tuple[Callable, tuple]:
+    """The function (or module) to explain and the arguments to call it with (suite models at
+    `size`, "small" or "full")."""
     if target.startswith("suite:"):
-        return _suite_target(target[len("suite:"):], train)
+        return _suite_target(target[len("suite:"):], train, size)
     obj = _load_attr(target)
     if arg_shapes:
         shapes = [[int(d) for d in s.lower().split("x") if d] for s in arg_shapes]

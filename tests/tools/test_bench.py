@@ -1,13 +1,17 @@
 """`kiln.tools.bench`: rows, files and summary on two small suite models, on the CPU."""
 from __future__ import annotations
 
+import argparse
 import csv
 import dataclasses
 import json
+import os
 import re
 
+import pytest
 import torch
 
+from kiln.tools import bench, bench_report
 from kiln.tools.bench import COLUMNS, BenchConfig, max_error, run_bench
 from kiln.tools.bench_report import format_table, summary_line, write_results
 from kiln.tools.suite.registry import SUITE
@@ -103,3 +107,58 @@ def test_max_error_is_normalized_and_catches_nan_and_shape():
     assert max_error([torch.tensor([2.0, -3.0])], ref) == 0.25
     assert max_error([torch.tensor([float("nan"), 0.0])], ref) == float("inf")
     assert max_error([torch.zeros(3)], ref) == float("inf")
+
+
+def _parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    bench_report.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_mode_flag_is_parsed_into_the_config(monkeypatch, tmp_path):
+    assert _parse().mode is None
+    with pytest.raises(SystemExit):
+        _parse("--mode", "fastest")
+    seen = []
+    monkeypatch.setattr(bench_report, "run_bench",
+                        lambda config, progress=None: seen.append(config) or [])
+    args = _parse("--mode", "max-autotune", "--backend", "aot_eager", "--models", "mlp",
+                  "--cpu", "--out", str(tmp_path))
+    assert bench_report.bench_command(args, echo=lambda line: None) == 0
+    assert seen[0].mode == "max-autotune" and seen[0].backend == "aot_eager"
+    assert json.loads((tmp_path / "results.json").read_text())["config"]["mode"] == "max-autotune"
+
+
+def test_mode_reaches_the_kiln_backend_and_torch_compile(monkeypatch):
+    modes = []
+
+    def recording(gm: torch.fx.GraphModule, example_inputs, *, mode=None):
+        """A correct backend that records the mode kiln.compile hands it."""
+        modes.append(mode)
+        return gm.forward
+
+    rows = run_bench(_config(models=("mlp",), backend=recording, mode="max-autotune"),
+                     progress=None)
+    assert [r["verdict"] for r in rows] == ["pass", "pass"]
+    assert modes and set(modes) == {"max-autotune"}
+    compiled = []
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: compiled.append(kw) or model)
+    model = torch.nn.Linear(4, 4)
+    for mode in (None, "default", "max-autotune"):
+        config = _config(mode=mode)
+        assert bench._compile("torch.compile", model, config) is model
+    # torch's max-autotune brings CUDA graphs, which kiln lacks: compared without them
+    assert [kw["mode"] for kw in compiled] == [None, "default", "max-autotune-no-cudagraphs"]
+
+
+def test_bench_report_flag_writes_the_html_report(tmp_path, monkeypatch):
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))
+    lines = []
+    args = _parse("--models", "mlp", "--backend", "eager", "--cpu", "--repeat", "1",
+                  "--out", str(tmp_path), "--report")
+    assert bench_report.bench_command(args, echo=lines.append) == 0
+    assert any(line.startswith("summary: kiln pass rate 1/1") for line in lines)
+    report = os.path.join(str(tmp_path), "report.html")
+    assert lines[-1] == f"wrote {report}"
+    page = open(report).read()
+    assert "kiln report: suite:mlp" in page and 'id="kernels"' in page

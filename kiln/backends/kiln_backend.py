@@ -1,0 +1,125 @@
+"""The "kiln" backend: capture → kiln autograd → lower → schedule → Triton codegen → wrapper.
+
+`kiln_backend(gm, example_inputs, mode=None)` has torch.compile's backend contract, so it serves
+both `kiln.compile(fn, backend="kiln")` and `torch.compile(fn, backend="kiln")` (registered
+through the `torch_dynamo_backends` entry point in pyproject.toml). The autograd stage traces the
+captured graph into ATen inference / forward / backward graphs; each is compiled by
+`kiln.runtime.compile_graph` into generated kernels plus a Python wrapper.
+
+Two shortcuts around the full pipeline:
+- CPU tensors: generated Triton would run in Triton's interpreter (~1 ms per program), so by
+  default (`config.cpu_codegen = "eager"`) the captured graph runs as torch ops, with the reason
+  logged once at INFO. `cpu_codegen = "triton_interpret"` forces the whole pipeline (tests).
+- Warm start (`config.warm_start`): an inference graph compiled before, in any process, is
+  rebuilt from the disk cache before any tracing (`kiln.runtime.warm`).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any, Callable
+
+import torch
+
+from kiln.autograd import aot_compile
+from kiln.backends.registry import register_backend
+from kiln.config import config
+from kiln.errors import KilnConfigError
+from kiln.logs import info_once
+
+__all__ = ["kiln_backend"]
+
+log = logging.getLogger("kiln.backends")
+
+CPU_CODEGEN = ("eager", "triton_interpret")
+
+
+@register_backend("kiln")
+def kiln_backend(gm: torch.fx.GraphModule, example_inputs: list, *, mode: str | None = None,
+                 **options: Any) -> Callable[..., Any]:
+    """Compile a captured graph with kiln's code generator; see the module docstring.
+    `mode="max-autotune"` benchmarks kernel configs; other options are accepted and ignored."""
+    if _on_cpu(example_inputs) and _cpu_codegen() == "eager":
+        info_once("kiln-cpu-eager",
+                  "kiln backend: the inputs are CPU tensors, so the graph runs as torch ops "
+                  "(generated Triton would need the slow interpreter on CPU); set "
+                  "KILN_CPU_CODEGEN=triton_interpret to run the generated kernels anyway", log)
+        return gm
+    if _on_cpu(example_inputs):
+        _check_interpreter()
+    return compile_captured(gm, list(example_inputs), mode)
+
+
+def compile_captured(gm: torch.fx.GraphModule, example_inputs: list,
+                     mode: str | None) -> Callable[..., Any]:
+    """The full pipeline, with the warm-start lookup in front on the inference path."""
+    from kiln.runtime import warm
+
+    key = None
+    if config.warm_start and _inference_path(example_inputs):
+        key = warm.graph_key(gm, example_inputs, mode)
+        hit = warm.load(key, lambda args: _cold(gm, args, mode)) if key else None
+        if hit is not None:
+            return hit
+    compiled = _cold(gm, example_inputs, mode)
+    if key is not None:
+        warm.store(key, compiled)
+    return compiled
+
+
+def _cold(gm: torch.fx.GraphModule, example_inputs: list, mode: str | None) -> Any:
+    start = [time.perf_counter()]
+
+    def compiler(kind: str) -> Callable[..., Any]:
+        def compile_one(graph: torch.fx.GraphModule, fake_inputs: list) -> Any:
+            from kiln.runtime import compile_graph
+
+            trace_s = time.perf_counter() - start[0] if kind != "backward" else 0.0
+            return compile_graph(graph, fake_inputs, mode=mode, name=kind, trace_s=trace_s)
+
+        return compile_one
+
+    return aot_compile(gm, example_inputs, fw_compiler=compiler("forward"),
+                       bw_compiler=compiler("backward"), inference_compiler=compiler("inference"),
+                       joint_passes=(rewrite_joint_attention,))
+
+
+def rewrite_joint_attention(joint: Any) -> Any:
+    """Explicit attention → SDPA forward + backward on the joint graph, before partitioning, so
+    the partitioner saves SDPA's logsumexp instead of the [B, H, L, L] softmax (the lower stage
+    can only rewrite the forward once the graph is split)."""
+    from kiln.lower.attention import rewrite_attention
+
+    rewrite_attention(joint.gm)
+    return joint
+
+
+def _tensors(example_inputs: list) -> list[torch.Tensor]:
+    return [t for t in example_inputs if isinstance(t, torch.Tensor)]
+
+
+def _on_cpu(example_inputs: list) -> bool:
+    return all(t.device.type == "cpu" for t in _tensors(example_inputs))
+
+
+def _inference_path(example_inputs: list) -> bool:
+    """What the autograd runtime will pick for this call: inference unless grad mode is on and
+    an input requires grad."""
+    return not (torch.is_grad_enabled() and any(t.requires_grad for t in _tensors(example_inputs)))
+
+
+def _cpu_codegen() -> str:
+    choice = config.cpu_codegen
+    if choice not in CPU_CODEGEN:
+        raise KilnConfigError(f"KILN_CPU_CODEGEN / config.cpu_codegen={choice!r} is not one of "
+                              f"{CPU_CODEGEN}", hint="use 'eager' (default) or 'triton_interpret'")
+    return choice
+
+
+def _check_interpreter() -> None:
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        raise KilnConfigError(
+            "cpu_codegen='triton_interpret' runs generated kernels on CPU tensors in Triton's "
+            "interpreter, but TRITON_INTERPRET is not 1",
+            hint="set TRITON_INTERPRET=1 in the environment before starting Python")

@@ -1,0 +1,209 @@
+"""pipeline: one ATen graph → a `CompiledArtifact` (the callable a compiler returns).
+
+    lower            kiln.lower.lower_graph                → IRGraph
+    schedule         kiln.schedule.schedule (fusion)       → Schedule (steps in order)
+    codegen          kiln.codegen.emit_group per group     → KernelSpec per FusedGroup
+    autotune         max-autotune only: best config each   → KernelSpec per FusedGroup
+    compile_kernels  kiln.runtime.launcher.build_launchers → one pre-bound launcher per kernel
+    wrapper          kiln.runtime.wrapper                  → Python source of call(args), exec'd
+
+Each stage is timed (`CompiledArtifact.timings`, seconds). The artifact keeps everything a reader
+or the disk cache needs: the wrapper source, the kernel specs, the schedule and the IR graph.
+Stages that another part of kiln has not written yet fall back to the unfused baseline
+(`trivial_schedule`, `emit_kernel` of one-node groups), so the pipeline always runs.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import time
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+
+from kiln.runtime.wrapper import WrapperCode, generate_wrapper, load_wrapper
+
+__all__ = ["CompiledArtifact", "build_kernel_launchers", "compile_graph"]
+
+log = logging.getLogger("kiln.runtime")
+
+STAGES = ("trace", "lower", "schedule", "codegen", "autotune", "compile_kernels", "total")
+AUTOTUNE_BUDGET_S = 2.0  # per kernel, for mode="max-autotune"
+
+
+@dataclasses.dataclass(eq=False)
+class CompiledArtifact:
+    """A compiled graph: `artifact(*inputs) -> tuple of outputs`.
+
+    name: the graph's name ("inference", "forward", "backward"). wrapper: the generated
+    `WrapperCode` (`wrapper.source` is readable Python). specs: the `KernelSpec`s in launch
+    order. schedule / graph: the `Schedule` and `IRGraph` (None when rebuilt from the disk
+    cache). timings: seconds per stage (`STAGES`). kernel_launches: generated kernels + library
+    calls per call."""
+
+    name: str
+    call: Callable[[Sequence[Any]], tuple]
+    wrapper: WrapperCode
+    specs: list[Any]
+    schedule: Any = None
+    graph: Any = None
+    timings: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    @property
+    def kernel_launches(self) -> int:
+        return self.wrapper.launches
+
+    @property
+    def wrapper_source(self) -> str:
+        return self.wrapper.source
+
+    def __call__(self, *args: Any) -> tuple:
+        return self.call(args)
+
+    def __repr__(self) -> str:
+        return (f"<CompiledArtifact {self.name}: {len(self.specs)} kernels, "
+                f"{self.kernel_launches} launches per call>")
+
+
+@contextlib.contextmanager
+def _timed(timings: dict[str, float], stage: str) -> Iterator[None]:
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        timings[stage] = timings.get(stage, 0.0) + time.perf_counter() - start
+
+
+def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
+                  mode: str | None = None, name: str = "graph",
+                  trace_s: float = 0.0) -> CompiledArtifact:
+    """Compile a functional ATen graph (the autograd stage's inference/forward/backward graph)
+    into a callable artifact; see the module docstring. `trace_s` is the time the caller spent
+    producing `gm` (reported as the "trace" stage)."""
+    from kiln.lower import lower_graph
+
+    timings = {stage: 0.0 for stage in STAGES}
+    timings["trace"] = trace_s
+    with _timed(timings, "lower"):
+        graph = lower_graph(gm, example_inputs)
+    with _timed(timings, "schedule"):
+        schedule = schedule_graph(graph)
+    graph = schedule.graph  # elision / splits / layout changes live in the schedule's copy
+    with _timed(timings, "codegen"):
+        specs = {group.name: emit_group(group, graph) for group in schedule.groups}
+    if mode == "max-autotune":
+        with _timed(timings, "autotune"):
+            specs = autotune_groups(schedule, specs)
+    with _timed(timings, "compile_kernels"):
+        dtypes = {name: buf.dtype for name, buf in graph.buffers.items()}
+        launchers = build_kernel_launchers(list(specs.values()), dtypes)
+    with _timed(timings, "codegen"):
+        code = generate_wrapper(schedule, specs, name)
+        constants = {n: c.value for n, c in graph.constants.items()}
+        call = load_wrapper(code.source, launchers, constants, name)
+    timings["total"] = sum(v for k, v in timings.items() if k != "total")
+    ordered = [specs[g.name] for g in schedule.groups]
+    artifact = CompiledArtifact(name, call, code, ordered, schedule, graph, timings)
+    from kiln.runtime.debug import report_artifact
+
+    report_artifact(artifact, gm)
+    log.debug("compiled %s: %d kernels, %d launches, %.3f s", name, len(ordered),
+              artifact.kernel_launches, timings["total"])
+    return artifact
+
+
+def schedule_graph(graph: Any) -> Any:
+    """The schedule stage's fusion pass when it exists, else one kernel per buffer."""
+    import kiln.schedule as stage
+
+    fuse = getattr(stage, "schedule", None)
+    return fuse(graph) if callable(fuse) else stage.trivial_schedule(graph)
+
+
+def emit_group(group: Any, graph: Any, config: Any = None) -> Any:
+    """The codegen stage's kernel for one fused group (`emit_kernel` for one-node groups until
+    `kiln.codegen.emit_group` exists)."""
+    import kiln.codegen as stage
+
+    emit = getattr(stage, "emit_group", None)
+    if callable(emit):
+        return emit(group, graph) if config is None else emit(group, graph, config)
+    if len(group.nodes) != 1 or config is not None:
+        raise NotImplementedError(f"{group.name}: fused groups and configs need "
+                                  "kiln.codegen.emit_group")
+    return stage.emit_kernel(group.nodes[0], graph)
+
+
+def build_kernel_launchers(specs: list[Any], dtypes: dict[str, torch.dtype] | None = None
+                           ) -> dict[str, Callable[..., None]]:
+    """Kernel name → pre-bound launcher (`launcher(*tensors)`, one tensor per `spec.args`);
+    `dtypes` (buffer name → dtype) lets the launchers compile every binary now, in parallel."""
+    names = [spec.name for spec in specs]
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        raise RuntimeError(f"kernel names must be unique within a graph; repeated: {dup}")
+    try:
+        from kiln.runtime.launcher import build_launchers
+    except ModuleNotFoundError:
+        launchers = [_direct_launcher(spec) for spec in specs]
+    else:
+        launchers = build_launchers(specs, dtypes=dtypes)
+    return dict(zip(names, launchers))
+
+
+def _direct_launcher(spec: Any) -> Callable[..., None]:
+    """A launcher over `kiln.codegen.build` (used until kiln.runtime.launcher exists)."""
+    from kiln.codegen.build import compile_kernel
+
+    meta = spec.meta_dict
+    kernel = compile_kernel(spec)[spec.grid(meta)]
+    num_warps = spec.num_warps
+
+    def launch(*tensors: torch.Tensor) -> None:
+        kernel(*tensors, **meta, num_warps=num_warps)
+
+    launch.__name__ = spec.name
+    return launch
+
+
+def autotune_groups(schedule: Any, specs: dict[str, Any]) -> dict[str, Any]:
+    """mode="max-autotune": each group's fastest config among `candidate_configs` (benchmarked
+    on random inputs of the buffers' layouts by `kiln.runtime.autotune`)."""
+    import kiln.codegen as codegen
+
+    candidates_of = getattr(codegen, "candidate_configs", None)
+    try:
+        from kiln.runtime.autotune import autotune
+    except ModuleNotFoundError:
+        autotune = None
+    if candidates_of is None or autotune is None:
+        log.info("max-autotune: kernel configs or the autotuner are not available; "
+                 "using default configs")
+        return specs
+    graph = schedule.graph
+    tuned = dict(specs)
+    for group in schedule.groups:
+        configs = candidates_of(group, graph)
+        if len(configs) < 2:
+            continue
+        candidates = [emit_group(group, graph, config) for config in configs]
+        tuned[group.name] = autotune(candidates, _arg_maker(graph, candidates[0]),
+                                     AUTOTUNE_BUDGET_S)
+    return tuned
+
+
+def _arg_maker(graph: Any, spec: Any) -> Callable[..., list[torch.Tensor]]:
+    """Random tensors with the layouts of the kernel's buffers (integers are zeros: they may
+    be indices, and a kernel without bounds checks must stay in bounds)."""
+
+    def make_args(candidate: Any = None) -> list[torch.Tensor]:
+        out = []
+        for name in (candidate or spec).args:
+            lay = graph.buffers[name].layout
+            base = torch.empty(lay.storage_size(), dtype=lay.dtype, device=lay.device)
+            base = base.normal_() if lay.dtype.is_floating_point else base.zero_()
+            out.append(torch.as_strided(base, lay.size, lay.stride, lay.offset))
+        return out
+
+    return make_args

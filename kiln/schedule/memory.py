@@ -1,0 +1,97 @@
+"""memory: buffer lifetimes and storage reuse for the wrapper.
+
+`plan_memory(steps, graph, elided)` gives `last_use` (buffer → index of the last step reading
+it; a buffer nobody reads dies at the step that writes it) for every buffer the wrapper
+allocates — group stores and extern outputs — except graph outputs and mutation sources,
+which outlive the graph (inputs and constants are never the wrapper's to free). `reuse` maps a
+newly written buffer to a dead one whose storage it takes: same device, dtype and storage size,
+dead before the step that writes the new one starts (a kernel never reads and writes one
+storage). Extern outputs take storage only for calls with an `out=` form (matmuls); attention,
+convolution and fallbacks return fresh tensors, though their outputs can be reused later.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kiln.lower.ir import ExternKernel, IRGraph, TensorArg
+from kiln.schedule import FusedGroup
+
+__all__ = ["OUT_KINDS", "live_bytes", "plan_memory", "step_reads", "step_writes"]
+
+OUT_KINDS = ("mm", "bmm", "addmm")
+
+
+def step_reads(step: FusedGroup | ExternKernel) -> set[str]:
+    from kiln.schedule.graph_edit import node_deps
+
+    if isinstance(step, FusedGroup):
+        members = {n.name for n in step.nodes}
+        return {r for n in step.nodes for r in node_deps(n).read_names} - members
+    return {a.name for a in step.tensor_args()}
+
+
+def step_writes(step: FusedGroup | ExternKernel) -> list[str]:
+    if isinstance(step, FusedGroup):
+        return list(step.stores)
+    return [o.name for o in step.output_buffers()]
+
+
+def _observed(graph: IRGraph) -> set[str]:
+    found = {o.name for o in graph.outputs if isinstance(o, TensorArg)}
+    return found | {arg.name for _, arg in graph.mutations}
+
+
+def _key(graph: IRGraph, name: str) -> tuple:
+    lay = graph.buffers[name].layout
+    return (str(lay.device), lay.dtype, lay.storage_size())
+
+
+def plan_memory(steps: Sequence[FusedGroup | ExternKernel],
+                graph: IRGraph) -> tuple[dict[str, int], dict[str, str]]:
+    """(last_use, reuse) for `steps` in order."""
+    observed = _observed(graph)
+    reads = [step_reads(s) for s in steps]
+    last_use: dict[str, int] = {}
+    for i, step in enumerate(steps):
+        for name in step_writes(step):
+            if name not in observed:
+                last_use[name] = i
+    for i, names in enumerate(reads):
+        for name in names:
+            if name in last_use:
+                last_use[name] = max(last_use[name], i)
+    reuse: dict[str, str] = {}
+    free: dict[tuple, list[str]] = {}
+    dying: dict[int, list[str]] = {}
+    for name, step in last_use.items():
+        dying.setdefault(step, []).append(name)
+    for i, step in enumerate(steps):
+        can_take = isinstance(step, FusedGroup) or step.kind in OUT_KINDS
+        for name in step_writes(step):
+            pool = free.get(_key(graph, name)) if can_take else None
+            if pool:
+                reuse[name] = pool.pop(0)
+        for name in dying.get(i, []):
+            free.setdefault(_key(graph, name), []).append(name)
+    return last_use, reuse
+
+
+def live_bytes(steps: Sequence[FusedGroup | ExternKernel], graph: IRGraph,
+               last_use: dict[str, int] | None = None) -> int:
+    """Peak bytes of wrapper-allocated storage when each buffer is freed after `last_use`
+    (taking a dead buffer's storage frees and allocates the same bytes); with no `last_use`,
+    every buffer lives to the end (no planning)."""
+    live = peak = 0
+    for i, step in enumerate(steps):
+        for name in step_writes(step):
+            live += _size(graph, name)
+        peak = max(peak, live)
+        for name, last in (last_use or {}).items():
+            if last == i:
+                live -= _size(graph, name)
+    return peak
+
+
+def _size(graph: IRGraph, name: str) -> int:
+    lay = graph.buffers[name].layout
+    return lay.storage_size() * lay.dtype.itemsize

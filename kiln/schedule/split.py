@@ -1,0 +1,108 @@
+"""split: long reductions with few outputs become a partial and a final reduction.
+
+A bias gradient (1024 columns summed over 16384 rows) or a full sum gives the GPU a handful of
+programs each walking a long row. Splitting the reduction axis into chunks computes
+`partial[x, c] = reduce(rows of chunk c)` with `numel × chunks` programs, then
+`out[x] = reduce(partial[x, :])`. Both are ordinary `Reduction` `ComputedBuffer`s, so the
+rewritten graph still runs under `run_ir` and fuses like any other.
+
+Heuristic (`plan_split`): only sum/prod/max/min/any (argmax needs the index carried along);
+a reduction whose reads walk the reduction axis with a non-unit stride is an "outer" one, and
+codegen tiles `OUTER_TILE` columns per program, so it counts as `numel / OUTER_TILE` programs.
+Split when that is under `TARGET_PROGRAMS` and the axis holds at least two chunks of
+`MIN_CHUNK` rows; chunk counts divide `rnumel` exactly (no masked tail).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from kiln.lower.index import Expr
+from kiln.lower.ir import ComputedBuffer, IRGraph, Layout, Reduction
+from kiln.lower.ops import ops
+from kiln.schedule import _unflat
+from kiln.schedule.graph_edit import node_deps
+
+__all__ = ["MIN_CHUNK", "TARGET_PROGRAMS", "plan_split", "split_reductions"]
+
+SPLITTABLE = ("sum", "prod", "max", "min", "any")
+TARGET_PROGRAMS = 1024
+MIN_CHUNK = 256
+OUTER_TILE = 32
+
+
+def _is_outer(node: ComputedBuffer) -> bool:
+    """True when no read walks the innermost reduction variable with unit stride."""
+    rvars = node.loop_vars()[1]
+    inner = rvars[-1].atom() if rvars else None
+    if inner is None:
+        return False
+    coefs = [d.index.linear_coefficients() for d in node_deps(node).reads]
+    walking = [c for c in coefs if c is None or inner in c]
+    return bool(walking) and all(c is not None and c[inner] != 1 for c in walking)
+
+
+def plan_split(node: ComputedBuffer, target: int = TARGET_PROGRAMS,
+               min_chunk: int = MIN_CHUNK) -> int:
+    """Number of chunks to split `node`'s reduction into (1: leave it)."""
+    data = node.data
+    if not isinstance(data, Reduction) or data.reduction_type not in SPLITTABLE:
+        return 1
+    numel, rnumel = math.prod(data.ranges), math.prod(data.reduction_ranges)
+    programs = -(-numel // OUTER_TILE) if _is_outer(node) else numel
+    if programs >= target or rnumel < 2 * min_chunk:
+        return 1
+    want = min(-(-target // programs), rnumel // min_chunk)
+    for chunks in range(want, 1, -1):
+        if rnumel % chunks == 0 and rnumel // chunks >= min_chunk:
+            return chunks
+    return 1
+
+
+def split_node(node: ComputedBuffer, chunks: int, name: str) -> tuple[ComputedBuffer,
+                                                                      ComputedBuffer]:
+    """(partial, final): `partial` reduces each chunk into `[*ranges, chunks]`; `final`
+    (same name and layout as `node`) reduces the partials."""
+    data = node.data
+    rnumel = math.prod(data.reduction_ranges)
+    chunk = rnumel // chunks
+    rranges = tuple(data.reduction_ranges)
+
+    def partial_fn(index: Sequence[Expr], rindex: Sequence[Expr]) -> Any:
+        flat = index[-1] * chunk + rindex[0]
+        return data.inner_fn(list(index[:-1]), _unflat(flat, rranges))
+
+    layout = Layout.contiguous(data.dtype, node.layout.device, (*data.ranges, chunks))
+    partial = ComputedBuffer(name, layout, Reduction(
+        (*data.ranges, chunks), (chunk,), data.reduction_type, partial_fn, data.dtype,
+        data.src_dtype), node.origins)
+
+    def final_fn(index: Sequence[Expr], rindex: Sequence[Expr]) -> Any:
+        return ops.load(name, layout.index([*index, rindex[0]]))
+
+    final = ComputedBuffer(node.name, node.layout, Reduction(
+        tuple(data.ranges), (chunks,), data.reduction_type, final_fn, data.dtype, data.dtype),
+        node.origins)
+    return partial, final
+
+
+def split_reductions(graph: IRGraph, target: int = TARGET_PROGRAMS,
+                     min_chunk: int = MIN_CHUNK) -> dict[str, int]:
+    """Split every reduction `plan_split` picks (in place on `graph`, which the caller owns);
+    returns {buffer name: chunks}."""
+    done: dict[str, int] = {}
+    for node in list(graph.nodes):
+        if not isinstance(node, ComputedBuffer):
+            continue
+        chunks = plan_split(node, target, min_chunk)
+        if chunks == 1:
+            continue
+        name = f"{node.name}_partial"
+        partial, final = split_node(node, chunks, name)
+        at = graph.nodes.index(node)
+        graph.nodes[at:at + 1] = [partial, final]
+        graph.buffers[name] = partial
+        graph.buffers[node.name] = final
+        done[node.name] = chunks
+    return done

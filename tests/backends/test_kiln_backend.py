@@ -1,0 +1,49 @@
+"""The "kiln" backend's registration and its CPU switches (the pipeline itself is tested in
+tests/runtime/test_pipeline.py)."""
+from __future__ import annotations
+
+import importlib.metadata
+
+import pytest
+import torch
+
+from kiln.backends import list_backends, lookup_backend
+from kiln.backends.kiln_backend import kiln_backend
+from kiln.config import config
+from kiln.errors import KilnConfigError
+
+
+def test_registered_as_kiln():
+    assert "kiln" in list_backends()
+    assert lookup_backend("kiln") is kiln_backend
+
+
+def test_torch_dynamo_entry_point():
+    points = importlib.metadata.entry_points(group="torch_dynamo_backends")
+    (point,) = [p for p in points if p.name == "kiln"]
+    assert point.load() is kiln_backend
+
+
+def test_unknown_cpu_codegen_is_a_config_error():
+    config.cpu_codegen = "interpreter"
+    gm = torch.fx.symbolic_trace(lambda x: x + 1)
+    with pytest.raises(KilnConfigError, match="cpu_codegen='interpreter'.*triton_interpret"):
+        kiln_backend(gm, [torch.randn(2)])
+
+
+def test_forced_triton_on_cpu_needs_the_interpreter(monkeypatch):
+    config.cpu_codegen = "triton_interpret"
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    gm = torch.fx.symbolic_trace(lambda x: x + 1)
+    with pytest.raises(KilnConfigError, match="TRITON_INTERPRET"):
+        kiln_backend(gm, [torch.randn(2)])
+
+
+def test_cpu_default_returns_the_captured_graph():
+    config.cpu_codegen = "eager"
+    gm = torch.fx.symbolic_trace(lambda x, y: torch.tanh(x) @ y)
+    x, y = torch.randn(3, 4), torch.randn(4, 2)
+    compiled = kiln_backend(gm, [x, y])
+    assert compiled is gm
+    x, y = torch.randn(3, 4), torch.randn(4, 2)
+    torch.testing.assert_close(compiled(x, y), torch.tanh(x) @ y)
