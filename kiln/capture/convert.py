@@ -214,10 +214,25 @@ def _id_key(values: tuple) -> tuple:
 
 def capture_function(fn: types.FunctionType, f_locals: dict[str, Any], cache: CodeCache,
                      settings: CompileSettings) -> CacheEntry:
+    """Trace `fn` (see `_capture_with_break`). When that fails after NumPy code was traced
+    (an array operator with no mapping is not an instruction a break can resume after), trace
+    once more with `tensor.numpy()` breaking as an opaque call, as before NumPy tracing."""
+    try:
+        return _capture_with_break(fn, f_locals, cache, settings, trace_numpy=True)
+    except Unsupported as err:
+        if settings.fullgraph or not err.numpy_traced:
+            raise
+        note = f"NumPy code here is not traced as tensor ops because: {err.message}"
+    return _capture_with_break(fn, f_locals, cache, settings, trace_numpy=False, note=note)
+
+
+def _capture_with_break(fn: types.FunctionType, f_locals: dict[str, Any], cache: CodeCache,
+                        settings: CompileSettings, trace_numpy: bool,
+                        note: str | None = None) -> CacheEntry:
     """Trace `fn`; at an instruction capture cannot handle, trace again up to it and break there
     (graph, native instruction, compiled resume function) when resuming there is safe."""
     try:
-        return _capture(fn, f_locals, cache, settings, None)
+        return _capture(fn, f_locals, cache, settings, None, trace_numpy)
     except Unsupported as err:
         if settings.fullgraph or err.root_index is None:
             raise
@@ -227,7 +242,9 @@ def capture_function(fn: types.FunctionType, f_locals: dict[str, Any], cache: Co
             err.hints = (*err.hints, "the function runs without a graph of its own (the calls "
                          f"it makes are still compiled): {why.message}")
             raise err from None
-        entry = _capture(fn, f_locals, cache, settings, err)
+        if note is not None and len(err.hints) < 2:
+            err.hints = (*err.hints, note)
+        entry = _capture(fn, f_locals, cache, settings, err, trace_numpy)
         report_break(to_record(err))
         return entry
 
@@ -239,9 +256,10 @@ def report_break(record: UnsupportedRecord) -> None:
 
 
 def _capture(fn: types.FunctionType, f_locals: dict[str, Any], cache: CodeCache,
-             settings: CompileSettings, brk: Unsupported | None) -> CacheEntry:
+             settings: CompileSettings, brk: Unsupported | None,
+             trace_numpy: bool = True) -> CacheEntry:
     start = time.perf_counter()
-    output = OutputGraph(cache.consts, frozenset(cache.dynamic))
+    output = OutputGraph(cache.consts, frozenset(cache.dynamic), trace_numpy)
     output.guards.ambient()
     code = fn.__code__
     local_vars = {name: LazyVT(value, Local(name)) for name, value in f_locals.items()}
@@ -259,6 +277,9 @@ def _capture(fn: types.FunctionType, f_locals: dict[str, Any], cache: CodeCache,
                 raise
         else:
             entry_code = build_entry_code(output, result)
+    except Unsupported as err:
+        err.numpy_traced = err.numpy_traced or output.numpy_traced
+        raise
     finally:
         torch._C._set_grad_enabled(grad_mode)
         for mode in reversed(output.open_contexts):

@@ -19,6 +19,7 @@ from kiln.capture.variables.builtins import BuiltinVT, SpecialVT
 from kiln.capture.variables.containers import BoundBuiltinMethod, DictVT, ListVT, SliceVT, TupleVT
 from kiln.capture.variables.functions import (BoundMethodVT, GeneratorVT, OpaqueCallableVT,
                                               TorchFunctionVT, UserFunctionVT)
+from kiln.capture.variables.ndarray import NdarrayVT
 from kiln.capture.variables.nn_module import ModuleVT
 from kiln.capture.variables.objects import (AutocastVT, ClassVT, GradModeVT, NewObjectVT,
                                             OpaqueMethodVT, PythonModuleVT, UserObjectVT)
@@ -71,6 +72,8 @@ class _Rebuilder:
             return vt.source.expr()
         if isinstance(vt, (TensorVT, SymScalarVT)):
             return self._node(vt.node)
+        if isinstance(vt, NdarrayVT):
+            return self._ndarray(vt)
         if isinstance(vt, ConstantVT):
             return self.consts.literal_or_ref(vt.value)
         if isinstance(vt, TupleVT):
@@ -130,6 +133,16 @@ class _Rebuilder:
         if flags & inspect.CO_VARKEYWORDS:
             parts.append(f"**{self.expr(vt.bound[names[index]])}")
         self.prelude.append(f"{name} = {self.consts.ref(vt.fn.fn)}({', '.join(parts)})")
+        return name
+
+    def _ndarray(self, vt: NdarrayVT) -> str:
+        """A traced NumPy array as a real one: `tensor.numpy()` of its graph value (sharing its
+        memory, as in eager), made once per entry so every use sees the same object."""
+        name = self._made.get(id(vt))
+        if name is None:
+            name = self._made[id(vt)] = f"__made{len(self._made)}"
+            scalar = "[()]" if vt.scalar else ""
+            self.prelude.append(f"{name} = {self._node(vt.tensor.node)}.numpy(){scalar}")
         return name
 
     def _node(self, node: torch.fx.Node) -> str:

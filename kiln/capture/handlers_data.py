@@ -8,10 +8,12 @@ import operator
 import types
 from typing import TYPE_CHECKING
 
+from kiln.capture import numpy_ops
 from kiln.capture.unsupported import unsupported
 from kiln.capture.variables.base import VT, CellBox, ConstantVT, NullVT
 from kiln.capture.variables.builtins import binary_op, iterate
 from kiln.capture.variables.containers import DictVT, ListVT, SliceVT, TupleVT
+from kiln.capture.variables.ndarray import NdarrayVT
 from kiln.capture.variables.nn_module import ModuleVT
 from kiln.capture.variables.scalars import SymScalarVT, scalar_op
 from kiln.capture.variables.tensor import TensorVT, graph_call
@@ -229,6 +231,8 @@ def _unary(op: object) -> object:
         value = tx.pop()
         if isinstance(value, TensorVT):
             tx.push(graph_call(tx, "call_function", op, [value], {}))
+        elif isinstance(value, NdarrayVT):
+            tx.push(numpy_ops.unary(tx, op, value))
         elif isinstance(value, SymScalarVT):
             tx.push(scalar_op(tx, op, [value]))
         elif value.is_constant():
@@ -251,6 +255,8 @@ def CALL_INTRINSIC_1(tx: Translator, inst: Instr) -> None:
     value = tx.pop()
     if name == "INTRINSIC_LIST_TO_TUPLE":
         tx.push(TupleVT(value.unpack(tx)))
+    elif name == "INTRINSIC_UNARY_POSITIVE" and isinstance(value, NdarrayVT):
+        tx.push(numpy_ops.unary(tx, operator.pos, value))
     elif name == "INTRINSIC_UNARY_POSITIVE":
         tx.push(graph_call(tx, "call_function", operator.pos, [value], {})
                 if isinstance(value, TensorVT) else ConstantVT(+value.as_constant()))
@@ -267,6 +273,8 @@ def BINARY_SUBSCR(tx: Translator, inst: Instr) -> None:
 def subscript(tx: Translator, container: VT, key: VT) -> VT:
     if isinstance(container, TensorVT):
         return graph_call(tx, "call_function", operator.getitem, [container, key], {})
+    if isinstance(container, NdarrayVT):
+        return numpy_ops.getitem(tx, container, key)
     if isinstance(container, ModuleVT):
         return container.index(tx, key.as_constant())
     if isinstance(container, (ListVT, TupleVT, DictVT)):
@@ -281,6 +289,8 @@ def STORE_SUBSCR(tx: Translator, inst: Instr) -> None:
     key, container, value = tx.pop(), tx.pop(), tx.pop()
     if isinstance(container, TensorVT):
         graph_call(tx, "call_function", operator.setitem, [container, key, value], {}, keep=True)
+    elif isinstance(container, NdarrayVT):
+        numpy_ops.setitem(tx, container, key, value)
     elif isinstance(container, (ListVT, DictVT)):
         container.call_method(tx, "__setitem__", [key, value], {})
     else:

@@ -34,7 +34,7 @@ class GraphInput:
 
 class OutputGraph:
     def __init__(self, consts: Constants | None = None,
-                 dynamic_scalars: frozenset[str] = frozenset()) -> None:
+                 dynamic_scalars: frozenset[str] = frozenset(), trace_numpy: bool = True) -> None:
         self.graph = torch.fx.Graph()
         self.fake_mode = _compat.new_fake_mode()
         self.consts = consts if consts is not None else Constants()
@@ -50,6 +50,8 @@ class OutputGraph:
         self.wrapped: dict[Source, Any] = {}  # one tracker per source read during the trace
         self.dynamic_scalars = dynamic_scalars  # source exprs of numbers kept symbolic
         self.scalar_examples: dict[Source, Any] = {}
+        self.trace_numpy = trace_numpy  # tensor.numpy() gives traced arrays (variables/ndarray.py)
+        self.numpy_traced = False  # this trace did (a failure then retries without it)
 
     # -- inputs --------------------------------------------------------------------------------
     def input_for(self, value: torch.Tensor, source: Source, python_type: type) -> TensorVT:

@@ -23,6 +23,7 @@ class Unsupported(Exception):
         self.hints = hints
         self.frames: list[UserLocation] = []  # innermost first, filled while unwinding
         self.root_index: int | None = None  # the compiled frame's instruction it stopped at
+        self.numpy_traced = False  # set when the failed trace had traced NumPy code as tensors
 
 
 def unsupported(code: str, message: str, *, category: Category = "not-supported-yet",

@@ -20,6 +20,7 @@ from kiln.capture.variables.base import VT, ConstantVT
 from kiln.capture.variables.containers import DictVT, ListVT, SliceVT, TupleVT
 from kiln.capture.variables.functions import (BoundMethodVT, OpaqueCallableVT, TorchFunctionVT,
                                               UserFunctionVT)
+from kiln.capture.variables.ndarray import NumpyFunctionVT
 from kiln.capture.variables.nn_module import ModuleVT
 from kiln.capture.variables.objects import (ClassVT, PartialVT, PythonModuleVT, UserObjectVT,
                                             context_vt)
@@ -90,6 +91,9 @@ def _wrap(tx: Translator, value: Any, source: Source, module_guard: bool) -> VT:
         items = {k: wrap(tx, v, Item(source, k), module_guard=module_guard)
                  for k, v in value.items()}
         return DictVT(items, source)
+    if _is_numpy_function(value):  # NumPy functions kiln maps to torch ops on traced arrays
+        guards.id_match(source, value, module=module_guard, location=loc)
+        return NumpyFunctionVT(value, source)
     if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, types.ModuleType, type,
                           types.MethodType, types.MethodDescriptorType,
                           types.WrapperDescriptorType)) or callable(value) and not hasattr(
@@ -128,9 +132,16 @@ def wrap_derived(tx: Translator, value: Any) -> VT:
         return SliceVT(*(ConstantVT(p) for p in (value.start, value.stop, value.step)))
     if isinstance(value, torch.nn.Module):
         unsupported("module-without-source", "a module reached capture without a source")
+    if _is_numpy_function(value):
+        return NumpyFunctionVT(value, None)
     if callable(value) or isinstance(value, types.ModuleType):
         return _wrap_callable(tx, value, None)
     return UserObjectVT(value, None)
+
+
+def _is_numpy_function(value: Any) -> bool:
+    from kiln.capture.numpy_ops import is_traced_function
+    return callable(value) and not isinstance(value, type) and is_traced_function(value)
 
 
 def _wrap_callable(tx: Translator, value: Any, source: Source | None) -> VT:

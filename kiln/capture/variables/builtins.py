@@ -15,6 +15,7 @@ import torch
 from kiln.capture.unsupported import unsupported
 from kiln.capture.variables.base import VT, ConstantVT, NotConstant
 from kiln.capture.variables.containers import DictVT, IteratorVT, ListVT, SliceVT, TupleVT
+from kiln.capture.variables.ndarray import NdarrayVT
 from kiln.capture.variables.objects import AutocastVT, GradModeVT
 from kiln.capture.variables.scalars import SymScalarVT, scalar_op, specialize_all
 from kiln.capture.variables.tensor import TensorVT, graph_call
@@ -62,7 +63,7 @@ class BuiltinVT(VT):
             except Exception as err:
                 unsupported("builtin-failed", f"{_name(self.fn)}() raised {type(err).__name__}: "
                             f"{err}", category="user-fixable")
-        tensors = any(isinstance(a, TensorVT) for a in args)
+        tensors = any(isinstance(a, (TensorVT, NdarrayVT)) for a in args)
         unsupported("builtin-arguments", f"{_name(self.fn)}() with arguments "
                     f"{', '.join(a.describe() for a in args)} is not supported yet",
                     category="fundamental" if tensors else "not-supported-yet",
@@ -131,6 +132,9 @@ _INPLACE_TO_PLAIN = {operator.iadd: operator.add, operator.isub: operator.sub,
 
 def binary_op(tx: Translator, op: Callable, a: VT, b: VT) -> VT:
     """`a <op> b` for any trackers: tensors become nodes, constants fold, sequences concat."""
+    if isinstance(a, NdarrayVT) or isinstance(b, NdarrayVT):
+        from kiln.capture import numpy_ops
+        return numpy_ops.binary(tx, op, a, b)
     if isinstance(a, TensorVT) or isinstance(b, TensorVT):
         if op in _INPLACE_TO_PLAIN and not isinstance(a, TensorVT):
             op = _INPLACE_TO_PLAIN[op]
@@ -160,10 +164,21 @@ def binary_op(tx: Translator, op: Callable, a: VT, b: VT) -> VT:
         except Exception as err:
             unsupported("operator-failed", f"{_name(op)} raised {type(err).__name__}: {err}",
                         category="user-fixable")
-    if plain in (operator.eq, operator.ne) and (a.is_constant() or b.is_constant()):
+    if plain in (operator.eq, operator.ne) and (a.is_constant() or b.is_constant()) and \
+            _identity_equality(b if a.is_constant() else a):
         # Different kinds of object (e.g. a module and None) are never equal here.
         return ConstantVT(plain is operator.ne)
     unsupported("operator", f"{_name(op)} on {a.describe()} and {b.describe()}")
+
+
+def _identity_equality(vt: VT) -> bool:
+    """Objects whose `==` is identity (object.__eq__): never equal to a constant of another kind.
+    Objects with their own `__eq__` (a NumPy array read from the frame) are not folded."""
+    try:
+        cls = vt.python_type()
+    except Exception:  # noqa: BLE001 - unknown type: do not fold
+        return False
+    return getattr(cls, "__eq__", None) is object.__eq__
 
 
 # -- builtin handlers: return None to fall back to calling the builtin on constants ------------
@@ -175,6 +190,8 @@ def _len(tx: Translator, args: Args, kwargs: Kwargs) -> VT | None:
         return ConstantVT(len(obj.items))
     if isinstance(obj, DictVT):
         return ConstantVT(len(obj.items))
+    if isinstance(obj, NdarrayVT) and obj.shape and not obj.scalar:
+        return ConstantVT(obj.shape[0])
     from kiln.capture.variables.nn_module import ModuleVT
     if isinstance(obj, ModuleVT):
         return ConstantVT(len(obj.module))
@@ -301,6 +318,9 @@ def _min_max(fn: Callable) -> Callable[[Translator, Args, Kwargs], VT | None]:
 def _abs(tx: Translator, args: Args, kwargs: Kwargs) -> VT | None:
     if isinstance(args[0], TensorVT):
         return graph_call(tx, "call_function", torch.abs, args, {})
+    if isinstance(args[0], NdarrayVT):
+        from kiln.capture import numpy_ops
+        return numpy_ops.unary(tx, abs, args[0])
     return None
 
 

@@ -108,6 +108,11 @@ class TensorMethodVT(VT):
 
     def call(self, tx: Translator, args: list[VT], kwargs: dict[str, VT]) -> VT:
         name = self.name
+        if name == "numpy":  # a traced array sharing the tensor's memory, where eager allows it
+            from kiln.capture.variables.ndarray import ndarray_from_tensor
+            array = ndarray_from_tensor(tx, self.tensor, args, kwargs)
+            if array is not None:
+                return array
         if name in _VALUE_METHODS:
             unsupported(f"tensor-{name.strip('_')}", f"tensor.{name}() {_VALUE_METHODS[name]}",
                         category="fundamental",

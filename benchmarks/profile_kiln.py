@@ -1,0 +1,92 @@
+"""Where the GPU time goes: per-kernel CUDA time of one call, kiln vs torch.compile.
+
+    python benchmarks/profile_kiln.py [--cases seed_infer,seed_train,rmsnorm,softmax] [--top 25]
+
+For each case, runs a few warm-up calls, then profiles 5 calls with torch.profiler and prints
+the CUDA kernels sorted by total time (µs per call) and the kernel count per call. Set
+KILN_DEBUG_DIR to keep kiln's wrappers and kernel sources (and KILN_WARM_START=0, since a
+warm-start hit writes none). Needs CUDA.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any, Callable
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+for path in (os.path.dirname(HERE), HERE):
+    if path not in sys.path:
+        sys.path.insert(0, path)
+
+import kiln  # noqa: E402
+from backend_gpu import micro_cases, seed_step  # noqa: E402
+from kiln.tools.seed_model import TransformerBlock  # noqa: E402
+
+CALLS = 5
+
+
+def profile(fn: Callable[[], Any], top: int) -> None:
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(CALLS):
+            fn()
+        torch.cuda.synchronize()
+    totals: dict[str, list[float]] = {}
+    for e in prof.events():
+        if e.device_type.name == "CUDA":
+            totals.setdefault(e.name, []).append(e.device_time)
+    rows = sorted(totals.items(), key=lambda kv: -sum(kv[1]))
+    count = sum(len(v) for v in totals.values()) / CALLS
+    total = sum(sum(v) for v in totals.values()) / CALLS
+    print(f"  {count:.0f} kernels/call, {total:.1f} us GPU time/call")
+    for name, times in rows[:top]:
+        print(f"  {sum(times) / CALLS:9.1f} us  x{len(times) / CALLS:<4.0f} {name[:110]}")
+
+
+def seed(dtype: torch.dtype, phase: str, variant: str) -> Callable[[], Any]:
+    torch.manual_seed(0)
+    model = TransformerBlock().cuda().to(dtype)
+    if phase == "infer":
+        model.eval()
+    x = torch.randn(32, 512, 1024, device="cuda", dtype=dtype)
+    fn = model if variant == "eager" else torch.compile(model) if variant == "torch.compile" \
+        else kiln.compile(model, backend="kiln")
+    return seed_step(fn, x, phase)
+
+
+def micro(name: str, variant: str) -> Callable[[], Any]:
+    fn, make_args, _ = micro_cases(1)[name]
+    args = make_args()
+    compiled = torch.compile(fn) if variant == "torch.compile" else \
+        kiln.compile(fn, backend="kiln")
+    return lambda: compiled(*args)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", default="seed_infer,seed_train,rmsnorm,softmax")
+    ap.add_argument("--variants", default="kiln,torch.compile")
+    ap.add_argument("--top", type=int, default=25)
+    a = ap.parse_args()
+    for case in a.cases.split(","):
+        for variant in a.variants.split(","):
+            kiln.reset()
+            torch._dynamo.reset()
+            print(f"== {case} / {variant}")
+            if case.startswith("seed_"):
+                phase = case.split("_")[1]
+                fn = seed(torch.bfloat16, phase, variant)
+            else:
+                fn = micro(case, variant)
+            profile(fn, a.top)
+
+
+if __name__ == "__main__":
+    main()
