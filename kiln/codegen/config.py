@@ -109,15 +109,22 @@ def _warps_for(elements: int) -> int:
 
 def reduction_class(group, graph: IRGraph | None) -> str:
     """"inner" when the reduction's loads are contiguous along r, "outer" when they are
-    contiguous along x with a larger stride along r (column reductions), from the strides of
-    the reduction members' loads in the group's loop variables."""
+    contiguous along x with a larger stride along r (column reductions). Decided by the loads
+    that walk both axes (a per-row statistic read once per row or a per-column weight does
+    not decide the tiling), from their memory steps along the innermost x and r variables,
+    which also works for reshaped (div/mod) indices such as a bias gradient read through
+    permuted q/k/v layouts."""
     from kiln.codegen.group import member_indices
-    from kiln.lower.deps import DepsCollector
+    from kiln.lower.deps import DepsCollector, step_along
     from kiln.lower.ops import use_handler
 
     members = {n.name for n in group.nodes}
     xvars = loop_vars(group.x_ranges, "x")
     rvars = loop_vars(group.r_ranges, "r")
+    x_name = _innermost(xvars)
+    r_name = _innermost(rvars)
+    if x_name is None or r_name is None:
+        return "inner"
     inner = outer = 0
     for node in group.nodes:
         if not node.is_reduction:
@@ -129,14 +136,23 @@ def reduction_class(group, graph: IRGraph | None) -> str:
         for dep in collector.reads:
             if dep.name in members:
                 continue
-            coefs = affine_form(dep.index).linear_coefficients() or {}
-            r_coefs = [abs(c) for s, c in coefs.items() if s.name.startswith("r")]
-            x_coefs = [abs(c) for s, c in coefs.items() if s.name.startswith("x")]
-            if 1 in r_coefs:
+            dx, dr = step_along(dep.index, x_name), step_along(dep.index, r_name)
+            if not dx or not dr:
+                continue
+            if abs(dr) == 1:
                 inner += 1
-            elif r_coefs and 1 in x_coefs:
+            elif abs(dx) == 1:
                 outer += 1
     return "outer" if outer > inner else "inner"
+
+
+def _innermost(vars_: list) -> str | None:
+    """Name of the fastest-varying loop variable of size > 1 (None when all are size 1)."""
+    for v in reversed(vars_):
+        atom = v.atom()
+        if atom is not None:
+            return atom.name
+    return None
 
 
 # -- candidates --------------------------------------------------------------------------------

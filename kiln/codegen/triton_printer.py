@@ -119,6 +119,7 @@ class TritonPrinter(OpsHandler):
         self._count = 0
         self._indirect: set[str] = set()
         self.reductions: list[str] = []
+        self._constants: dict[str, Any] = {}  # variable name -> the Python constant it holds
         # Kernel-shape hooks, set by the group emitter (`group.py`):
         self.xmask: str | None = "xmask"  # None where XBLOCK divides numel (mask elided)
         self.rmask: str | None = "rmask"  # None where the tile covers r exactly
@@ -260,8 +261,22 @@ class TritonPrinter(OpsHandler):
     # -- leaves and control ------------------------------------------------------------------
 
     def constant(self, value: Any, dtype: torch.dtype) -> TV:
-        return self._emit(f"tl.full({self._one}, {_literal(value)}, {triton_dtype(dtype)})",
-                          dtype)
+        tv = self._emit(f"tl.full({self._one}, {_literal(value)}, {triton_dtype(dtype)})", dtype)
+        self._constants[tv.name] = value
+        return tv
+
+    def _pow(self, a: TV, b: TV, dtype: torch.dtype) -> TV:
+        """x ** c for a small constant c as multiplies / sqrt (what torch's kernels do too);
+        libdevice.pow is dozens of instructions per element and made RMSNorm ALU-bound."""
+        c = self._constants.get(b.name)
+        if c is not None and dtype.is_floating_point:
+            if c == 2:
+                return self._emit(f"{a} * {a}", dtype)
+            if c == 3:
+                return self._emit(f"{a} * {a} * {a}", dtype)
+            if c == 1:
+                return a
+        return self._emit(f"libdevice.pow({a}, {b})", dtype)
 
     def index_expr(self, expr: Expr, dtype: torch.dtype) -> TV:
         if expr.is_constant:
@@ -334,7 +349,7 @@ class TritonPrinter(OpsHandler):
         if dtype is None:
             raise CodegenError(f"ops.{name} needs operand dtypes (pass the graph to emit_kernel)")
         if name == "pow":
-            return self._emit(f"libdevice.pow({a}, {b})", dtype)
+            return self._pow(a, b, dtype)
         if name == "atan2":
             return self._emit(f"libdevice.atan2({a}, {b})", dtype)
         if name == "truncdiv":

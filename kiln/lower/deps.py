@@ -16,7 +16,7 @@ from kiln.lower.index import Expr, sym
 from kiln.lower.ir import ComputedBuffer, loop_vars
 from kiln.lower.ops import OpsHandler, use_handler
 
-__all__ = ["DepsCollector", "MemoryDep", "ReadWrites", "count_ops", "read_writes"]
+__all__ = ["DepsCollector", "MemoryDep", "ReadWrites", "count_ops", "read_writes", "step_along"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,3 +117,20 @@ def read_writes(node: ComputedBuffer) -> ReadWrites:
         node.body(index, rindex)
     return ReadWrites(tuple(dict.fromkeys(collector.reads)), tuple(dict.fromkeys(collector.writes)),
                       collector.ops, collector.indirect > 0)
+
+
+def step_along(index: Expr, name: str) -> int | None:
+    """How far `index` moves when loop variable `name` goes from 0 to 1 with every other
+    symbol at 0: the memory stride of that axis at the origin, also for div/mod (reshaped)
+    indices whose linear coefficients do not exist. 0 when the index does not use `name`;
+    None for data-dependent (indirect) indices. Tells coalesced axes apart (schedule's split
+    heuristic, codegen's reduction tiling)."""
+    names = {s.name for s in index.free_symbols()}
+    if any(not (n.startswith("x") or n.startswith("r") or n.startswith("y")) for n in names):
+        return None
+    if name not in names:
+        return 0
+    env = dict.fromkeys(names, 0)
+    base = index.evaluate(env)
+    env[name] = 1
+    return int(index.evaluate(env)) - int(base)

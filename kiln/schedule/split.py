@@ -18,6 +18,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from kiln.lower.deps import step_along
 from kiln.lower.index import Expr
 from kiln.lower.ir import ComputedBuffer, IRGraph, Layout, Reduction
 from kiln.lower.ops import ops
@@ -33,14 +34,29 @@ OUTER_TILE = 32
 
 
 def _is_outer(node: ComputedBuffer) -> bool:
-    """True when no read walks the innermost reduction variable with unit stride."""
-    rvars = node.loop_vars()[1]
-    inner = rvars[-1].atom() if rvars else None
-    if inner is None:
+    """True when the reads that walk both the output and the reduction axes are contiguous
+    along the output (a column reduction), judged by their memory steps along the innermost
+    variables (reshaped div/mod indices included)."""
+    index, rindex = node.loop_vars()
+    x_name, r_name = _innermost(index), _innermost(rindex)
+    if x_name is None or r_name is None:
         return False
-    coefs = [d.index.linear_coefficients() for d in node_deps(node).reads]
-    walking = [c for c in coefs if c is None or inner in c]
-    return bool(walking) and all(c is not None and c[inner] != 1 for c in walking)
+    outer = inner = 0
+    for dep in node_deps(node).reads:
+        dx, dr = step_along(dep.index, x_name), step_along(dep.index, r_name)
+        if not dx or not dr:
+            continue
+        inner += abs(dr) == 1
+        outer += abs(dr) != 1 and abs(dx) == 1
+    return outer > inner
+
+
+def _innermost(vars_: Sequence[Expr]) -> str | None:
+    for v in reversed(vars_):
+        atom = v.atom()
+        if atom is not None:
+            return atom.name
+    return None
 
 
 def plan_split(node: ComputedBuffer, target: int = TARGET_PROGRAMS,
@@ -62,24 +78,26 @@ def plan_split(node: ComputedBuffer, target: int = TARGET_PROGRAMS,
 
 def split_node(node: ComputedBuffer, chunks: int, name: str) -> tuple[ComputedBuffer,
                                                                       ComputedBuffer]:
-    """(partial, final): `partial` reduces each chunk into `[*ranges, chunks]`; `final`
-    (same name and layout as `node`) reduces the partials."""
+    """(partial, final): `partial` reduces each chunk into `[chunks, *ranges]` (chunks
+    outermost, so neighbouring partial outputs are neighbouring columns and a column
+    reduction's partial kernel stays coalesced); `final` (same name and layout as `node`)
+    reduces the partials."""
     data = node.data
     rnumel = math.prod(data.reduction_ranges)
     chunk = rnumel // chunks
     rranges = tuple(data.reduction_ranges)
 
     def partial_fn(index: Sequence[Expr], rindex: Sequence[Expr]) -> Any:
-        flat = index[-1] * chunk + rindex[0]
-        return data.inner_fn(list(index[:-1]), _unflat(flat, rranges))
+        flat = index[0] * chunk + rindex[0]
+        return data.inner_fn(list(index[1:]), _unflat(flat, rranges))
 
-    layout = Layout.contiguous(data.dtype, node.layout.device, (*data.ranges, chunks))
+    layout = Layout.contiguous(data.dtype, node.layout.device, (chunks, *data.ranges))
     partial = ComputedBuffer(name, layout, Reduction(
-        (*data.ranges, chunks), (chunk,), data.reduction_type, partial_fn, data.dtype,
+        (chunks, *data.ranges), (chunk,), data.reduction_type, partial_fn, data.dtype,
         data.src_dtype), node.origins)
 
     def final_fn(index: Sequence[Expr], rindex: Sequence[Expr]) -> Any:
-        return ops.load(name, layout.index([*index, rindex[0]]))
+        return ops.load(name, layout.index([rindex[0], *index]))
 
     final = ComputedBuffer(node.name, node.layout, Reduction(
         tuple(data.ranges), (chunks,), data.reduction_type, final_fn, data.dtype, data.dtype),
