@@ -25,7 +25,7 @@ import torch
 from kiln.autograd import aot_compile
 from kiln.backends.registry import register_backend
 from kiln.config import config
-from kiln.errors import KilnConfigError
+from kiln.errors import KilnConfigError, KilnError
 from kiln.logs import info_once
 
 __all__ = ["kiln_backend"]
@@ -80,9 +80,15 @@ def _cold(gm: torch.fx.GraphModule, example_inputs: list, mode: str | None) -> A
 
         return compile_one
 
-    return aot_compile(gm, example_inputs, fw_compiler=compiler("forward"),
-                       bw_compiler=compiler("backward"), inference_compiler=compiler("inference"),
-                       joint_passes=(rewrite_joint_attention,))
+    compilers = dict(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
+                     inference_compiler=compiler("inference"))
+    try:
+        return aot_compile(gm, example_inputs, joint_passes=(rewrite_joint_attention,),
+                           **compilers)
+    except KilnError as err:  # never lose the whole graph to the attention rewrite
+        log.warning("kiln backend: compiling with the joint-graph attention rewrite failed "
+                    "(%s); compiling without it", err)
+        return aot_compile(gm, example_inputs, **compilers)
 
 
 def rewrite_joint_attention(joint: Any) -> Any:

@@ -342,16 +342,27 @@ def _backward(e: _Emitter, kind: str, fwd: Any, d_o: Any, q: Any, k: Any, v: Any
         bwd = e.call(aten._scaled_dot_product_flash_attention_for_cpu_backward.default, d_o, q, k,
                      v, out, lse, 0.0, False, scale=scale)
     elif kind == "flash":
-        items = [e.item(fwd, i) for i in (2, 3, 4, 5, 6, 7)]
+        items = [_forward_item(e, fwd, i) for i in (2, 3, 4, 5, 6, 7)]
         bwd = e.call(aten._scaled_dot_product_flash_attention_backward.default, d_o, q, k, v,
                      out, lse, items[0], items[1], items[2], items[3], 0.0, False, items[4],
                      items[5], scale=scale)
     else:
-        seed, offset = e.item(fwd, 2), e.item(fwd, 3)
+        seed, offset = _forward_item(e, fwd, 2), _forward_item(e, fwd, 3)
         bwd = e.call(aten._scaled_dot_product_efficient_attention_backward.default, d_o, q, k,
                      v, None, out, lse, seed, offset, 0.0, [True, True, True, False],
                      scale=scale)
     return [e.item(bwd, i) for i in range(3)]
+
+
+def _forward_item(e: _Emitter, fwd: Any, i: int) -> Any:
+    """Forward output `i` as the backward call's argument: a tensor as a getitem node; an
+    undefined tensor (None: the varlen offsets of a dense call) or a static int (max_q) as the
+    constant itself, so the joint graph's partitioner never has to save a value without a
+    size (it found no finite cut on CUDA flash attention before)."""
+    val = e.fakes[fwd][i]
+    if isinstance(val, torch.Tensor):
+        return e.item(fwd, i)
+    return int(val) if isinstance(val, (int, torch.SymInt)) else val
 
 
 def _rewrite(graph: torch.fx.Graph, m: AttentionMatch) -> None:

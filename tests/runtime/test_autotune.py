@@ -124,7 +124,8 @@ def test_another_process_reuses_the_choice(cache_dir):
     times = [4.0] * len(cands)
     times[2] = 1.0
     autotune(cands, _make_args, timer=FakeTimer(cands, times))
-    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONHASHSEED="7")
+    env = dict(os.environ, PYTHONHASHSEED="7",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     script = SECOND_PROCESS.format(tests=str(Path(__file__).parent))
     out = subprocess.run([sys.executable, "-c", script], env=env, cwd=REPO,
                          capture_output=True, text=True, timeout=240)

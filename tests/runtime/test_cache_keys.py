@@ -46,7 +46,8 @@ KEY_SCRIPT = textwrap.dedent("""
 
 
 def _key_in_subprocess(seed: str) -> str:
-    env = dict(os.environ, PYTHONHASHSEED=seed, PYTHONPATH=str(REPO))
+    env = dict(os.environ, PYTHONHASHSEED=seed,
+               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     out = subprocess.run([sys.executable, "-c", KEY_SCRIPT], env=env, cwd=REPO,
                          capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr
