@@ -190,12 +190,14 @@ def schedule(graph: IRGraph, *, fuse: bool = True, elide: bool = True,
     from kiln.schedule.attention_layout import refresh_attention_layouts, regroup_attention
     from kiln.schedule.elide import elide_copies
     from kiln.schedule.fusion import fuse_nodes
+    from kiln.schedule.gemm_merge import merge_gemms
     from kiln.schedule.graph_edit import copy_graph
     from kiln.schedule.memory import plan_memory
     from kiln.schedule.render import render_schedule
     from kiln.schedule.split import split_reductions
 
     work = copy_graph(graph)
+    merge_gemms(work)
     elided: dict[str, TensorArg] = {}
     if elide:
         regroup_attention(work)

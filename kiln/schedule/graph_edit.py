@@ -165,39 +165,45 @@ def compose_view(name: str, dtype: Any, size: Sequence[int],
 class _RemapHandler(OpsHandler):
     """Forwards every op to `outer`, rewriting the index of loads of remapped buffers."""
 
-    def __init__(self, outer: OpsHandler, maps: Mapping[str, OffsetMap]) -> None:
+    def __init__(self, outer: OpsHandler, maps: Mapping[str, OffsetMap],
+                 rename: Mapping[str, str]) -> None:
         self.outer = outer
         self.maps = maps
+        self.rename = rename
 
     def load(self, name: str, index: Expr) -> Any:
         if name in self.maps:
             index = self.maps[name](index)
-        return self.outer.load(name, index)
+        return self.outer.load(self.rename.get(name, name), index)
 
     def __getattribute__(self, name: str) -> Any:
-        if name in ("load", "outer", "maps"):
+        if name in ("load", "outer", "maps", "rename"):
             return object.__getattribute__(self, name)
         return getattr(object.__getattribute__(self, "outer"), name)
 
 
-def _remapped(fn: Callable[..., Any], maps: Mapping[str, OffsetMap]) -> Callable[..., Any]:
+def _remapped(fn: Callable[..., Any], maps: Mapping[str, OffsetMap],
+              rename: Mapping[str, str]) -> Callable[..., Any]:
     def run(*args: Any) -> Any:
-        with use_handler(_RemapHandler(current_handler(), maps)):
+        with use_handler(_RemapHandler(current_handler(), maps, rename)):
             return fn(*args)
 
     return run
 
 
-def remap_loads(node: ComputedBuffer, maps: Mapping[str, OffsetMap]) -> ComputedBuffer:
-    """A copy of `node` whose loads of `maps`' buffers read `maps[name](offset)` instead."""
+def remap_loads(node: ComputedBuffer, maps: Mapping[str, OffsetMap],
+                rename: Mapping[str, str] | None = None) -> ComputedBuffer:
+    """A copy of `node` whose loads of `maps`' buffers read `maps[name](offset)` instead (of
+    buffer `rename[name]` when given: a buffer that became part of another)."""
     data = node.data
+    rename = rename or {}
     if isinstance(data, Pointwise):
-        store_fn = None if data.store_fn is None else _remapped(data.store_fn, maps)
-        new_data: Pointwise | Reduction = Pointwise(data.ranges, _remapped(data.inner_fn, maps),
-                                                    data.dtype, store_fn)
+        store_fn = None if data.store_fn is None else _remapped(data.store_fn, maps, rename)
+        new_data: Pointwise | Reduction = Pointwise(
+            data.ranges, _remapped(data.inner_fn, maps, rename), data.dtype, store_fn)
     else:
         new_data = Reduction(data.ranges, data.reduction_ranges, data.reduction_type,
-                             _remapped(data.inner_fn, maps), data.dtype, data.src_dtype)
+                             _remapped(data.inner_fn, maps, rename), data.dtype, data.src_dtype)
     return ComputedBuffer(node.name, node.layout, new_data, node.origins)
 
 
