@@ -36,7 +36,7 @@ _FIELDS: dict[str, _Field] = {
                                  "decode, normalize and reassemble code; run it without capture"),
     "suppress_errors": _Field(True, bool, "KILN_SUPPRESS_ERRORS",
                               "internal compiler errors fall back to eager with a warning"),
-    "default_backend": _Field("eager", str, "KILN_BACKEND", "backend used when none is given"),
+    "default_backend": _Field("kiln", str, "KILN_BACKEND", "backend used when none is given"),
     "eager_rng": _Field(False, bool, "KILN_EAGER_RNG",
                         "random ops run exactly as eager (not decomposed, unused ones kept)"),
     "cpu_codegen": _Field("eager", str, "KILN_CPU_CODEGEN",

@@ -30,7 +30,7 @@ def test_defaults():
         "identity_transform": False,
         "suppress_errors": True,
         "eager_rng": False,
-        "default_backend": "eager",
+        "default_backend": "kiln",
         "cpu_codegen": "eager",
         "warm_start": True,
     }
@@ -88,7 +88,7 @@ def test_patch_decorator_restores():
         return config.default_backend
 
     assert read() == "inductor"
-    assert config.default_backend == "eager"
+    assert config.default_backend == "kiln"
     assert read() == "inductor"  # reusable
 
 
