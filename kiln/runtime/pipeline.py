@@ -14,14 +14,13 @@ Stages that another part of kiln has not written yet fall back to the unfused ba
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
-import time
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
+from kiln.runtime.launcher import stage_timer
 from kiln.runtime.wrapper import WrapperCode, generate_wrapper, load_wrapper
 
 __all__ = ["CompiledArtifact", "build_kernel_launchers", "compile_graph"]
@@ -66,15 +65,6 @@ class CompiledArtifact:
                 f"{self.kernel_launches} launches per call>")
 
 
-@contextlib.contextmanager
-def _timed(timings: dict[str, float], stage: str) -> Iterator[None]:
-    start = time.perf_counter()
-    try:
-        yield
-    finally:
-        timings[stage] = timings.get(stage, 0.0) + time.perf_counter() - start
-
-
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
                   mode: str | None = None, name: str = "graph",
                   trace_s: float = 0.0) -> CompiledArtifact:
@@ -85,20 +75,20 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
 
     timings = {stage: 0.0 for stage in STAGES}
     timings["trace"] = trace_s
-    with _timed(timings, "lower"):
+    with stage_timer(timings, "lower"):
         graph = lower_graph(gm, example_inputs)
-    with _timed(timings, "schedule"):
+    with stage_timer(timings, "schedule"):
         schedule = schedule_graph(graph)
     graph = schedule.graph  # elision / splits / layout changes live in the schedule's copy
-    with _timed(timings, "codegen"):
+    with stage_timer(timings, "codegen"):
         specs = {group.name: emit_group(group, graph) for group in schedule.groups}
     if mode == "max-autotune":
-        with _timed(timings, "autotune"):
+        with stage_timer(timings, "autotune"):
             specs = autotune_groups(schedule, specs)
-    with _timed(timings, "compile_kernels"):
+    with stage_timer(timings, "compile_kernels"):
         dtypes = {name: buf.dtype for name, buf in graph.buffers.items()}
         launchers = build_kernel_launchers(list(specs.values()), dtypes)
-    with _timed(timings, "codegen"):
+    with stage_timer(timings, "codegen"):
         code = generate_wrapper(schedule, specs, name)
         constants = {n: c.value for n, c in graph.constants.items()}
         call = load_wrapper(code.source, launchers, constants, name)
@@ -114,77 +104,40 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
 
 
 def schedule_graph(graph: Any) -> Any:
-    """The schedule stage's fusion pass when it exists, else one kernel per buffer."""
-    import kiln.schedule as stage
+    from kiln.schedule import schedule
 
-    fuse = getattr(stage, "schedule", None)
-    return fuse(graph) if callable(fuse) else stage.trivial_schedule(graph)
+    return schedule(graph)
 
 
 def emit_group(group: Any, graph: Any, config: Any = None) -> Any:
-    """The codegen stage's kernel for one fused group (`emit_kernel` for one-node groups until
-    `kiln.codegen.emit_group` exists)."""
-    import kiln.codegen as stage
+    from kiln.codegen import emit_group as emit
 
-    emit = getattr(stage, "emit_group", None)
-    if callable(emit):
-        return emit(group, graph) if config is None else emit(group, graph, config)
-    if len(group.nodes) != 1 or config is not None:
-        raise NotImplementedError(f"{group.name}: fused groups and configs need "
-                                  "kiln.codegen.emit_group")
-    return stage.emit_kernel(group.nodes[0], graph)
+    return emit(group, graph, config)
 
 
 def build_kernel_launchers(specs: list[Any], dtypes: dict[str, torch.dtype] | None = None
                            ) -> dict[str, Callable[..., None]]:
     """Kernel name → pre-bound launcher (`launcher(*tensors)`, one tensor per `spec.args`);
     `dtypes` (buffer name → dtype) lets the launchers compile every binary now, in parallel."""
+    from kiln.runtime.launcher import build_launchers
+
     names = [spec.name for spec in specs]
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})
         raise RuntimeError(f"kernel names must be unique within a graph; repeated: {dup}")
-    try:
-        from kiln.runtime.launcher import build_launchers
-    except ModuleNotFoundError:
-        launchers = [_direct_launcher(spec) for spec in specs]
-    else:
-        launchers = build_launchers(specs, dtypes=dtypes)
-    return dict(zip(names, launchers))
-
-
-def _direct_launcher(spec: Any) -> Callable[..., None]:
-    """A launcher over `kiln.codegen.build` (used until kiln.runtime.launcher exists)."""
-    from kiln.codegen.build import compile_kernel
-
-    meta = spec.meta_dict
-    kernel = compile_kernel(spec)[spec.grid(meta)]
-    num_warps = spec.num_warps
-
-    def launch(*tensors: torch.Tensor) -> None:
-        kernel(*tensors, **meta, num_warps=num_warps)
-
-    launch.__name__ = spec.name
-    return launch
+    return dict(zip(names, build_launchers(specs, dtypes=dtypes)))
 
 
 def autotune_groups(schedule: Any, specs: dict[str, Any]) -> dict[str, Any]:
     """mode="max-autotune": each group's fastest config among `candidate_configs` (benchmarked
     on random inputs of the buffers' layouts by `kiln.runtime.autotune`)."""
-    import kiln.codegen as codegen
+    from kiln.codegen import candidate_configs
+    from kiln.runtime.autotune import autotune
 
-    candidates_of = getattr(codegen, "candidate_configs", None)
-    try:
-        from kiln.runtime.autotune import autotune
-    except ModuleNotFoundError:
-        autotune = None
-    if candidates_of is None or autotune is None:
-        log.info("max-autotune: kernel configs or the autotuner are not available; "
-                 "using default configs")
-        return specs
     graph = schedule.graph
     tuned = dict(specs)
     for group in schedule.groups:
-        configs = candidates_of(group, graph)
+        configs = candidate_configs(group, graph)
         if len(configs) < 2:
             continue
         candidates = [emit_group(group, graph, config) for config in configs]
