@@ -47,3 +47,27 @@ def test_cpu_default_returns_the_captured_graph():
     assert compiled is gm
     x, y = torch.randn(3, 4), torch.randn(4, 2)
     torch.testing.assert_close(compiled(x, y), torch.tanh(x) @ y)
+
+
+def test_a_failing_joint_attention_rewrite_falls_back_to_compiling_without_it(monkeypatch,
+                                                                             caplog):
+    """The joint-graph attention rewrite must never cost the graph: if compiling with it fails,
+    the backend compiles without it (and says so) and training still equals eager."""
+    import logging
+
+    import kiln
+    import kiln.backends.kiln_backend as backend
+    from kiln.errors import InternalError
+    from kiln.tools.seed_model import TransformerBlock
+
+    def broken(joint):
+        raise InternalError("injected failure")
+
+    monkeypatch.setattr(backend, "rewrite_joint_attention", broken)
+    config.cpu_codegen = "triton_interpret"
+    torch.manual_seed(0)
+    block, x = TransformerBlock(32, 2), torch.randn(2, 8, 32)
+    with caplog.at_level(logging.WARNING, logger="kiln.backends"):
+        out = kiln.compile(block, backend="kiln")(x)
+    assert "compiling without it" in caplog.text
+    torch.testing.assert_close(out, block(x))

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 pytest.importorskip("triton")
 
 from kiln.codegen import CodegenError, KernelConfig, candidate_configs, emit_group  # noqa: E402
+from kiln.codegen.config import reduction_class  # noqa: E402
 from kiln.lower import lower_graph  # noqa: E402
 from kiln.lower._compat import trace_aten  # noqa: E402
 from kiln.lower.evaluate import run_ir  # noqa: E402
@@ -313,3 +314,47 @@ def test_full_reduction_and_multi_dim_r():
     group = _group(graph, (5,), (3, 6))
     _check_all(over_0_2, graph, group, [x], [KernelConfig("looped_reduction", 2, 4, 2)],
                atol=1e-4, rtol=1e-4)
+
+
+def test_bias_grad_through_permuted_heads_is_outer():
+    """The in_proj bias gradient: a column sum read through a [B, H, L, D] → [B·L, H·D]
+    permute (div/mod indices, no linear coefficients). The contiguous axis (D) is part of x,
+    so the tile must run along x ("outer"); judging by linear coefficients saw "inner" and
+    made a 1 ms kernel on the H200."""
+    def fn(dq):  # dq: [B, H, L, D] -> bias grad [H*D]
+        b, h, l, d = dq.shape
+        return dq.permute(0, 2, 1, 3).reshape(b * l, h * d).sum(0)
+
+    dq = torch.randn(2, 4, 8, 16)
+    graph = _lower(fn, dq)
+    group = _group(graph, (64,), (16,))
+    assert reduction_class(group, graph) == "outer"
+    specs = _check_all(fn, graph, group, [dq], atol=1e-4, rtol=1e-4)
+    assert specs[0].reduction_class == "outer"
+
+
+def test_layer_norm_weight_grad_with_per_row_stats_is_outer():
+    """dγ = Σ_rows g · (x − mean) · rstd: the per-row statistics are contiguous along r but
+    are read once per row; the [rows, cols] reads decide the tiling (outer)."""
+    def fn(g, x, mean, rstd):
+        return (g * (x - mean) * rstd).sum(0)
+
+    g, x = torch.randn(48, 32), torch.randn(48, 32)
+    mean, rstd = torch.randn(48, 1), torch.rand(48, 1) + 0.5
+    graph = _lower(fn, g, x, mean, rstd)
+    group = _group(graph, (32,), (48,))
+    assert reduction_class(group, graph) == "outer"
+    _check_all(fn, graph, group, [g, x, mean, rstd], atol=1e-4, rtol=1e-4)
+
+
+def test_square_is_a_multiply_not_libdevice_pow():
+    """x ** 2 (RMSNorm's mean of squares) as x * x: libdevice.pow made the kernel ALU-bound."""
+    def fn(x, w):
+        return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(x.dtype) * w
+
+    x, w = torch.randn(8, 64, dtype=torch.bfloat16), torch.randn(64, dtype=torch.bfloat16)
+    graph = _lower(fn, x, w)
+    group = _group(graph, (8,), (64,))
+    specs = _check_all(fn, graph, group, [x, w], atol=2e-2, rtol=2e-2,
+                       tol_ir={"atol": 2e-2, "rtol": 2e-2})
+    assert "libdevice.pow" not in specs[0].source

@@ -129,3 +129,20 @@ def test_timings_cover_the_stages():
             "total"} <= set(t)
     assert t["trace"] == 0.25 and t["lower"] > 0 and t["codegen"] > 0
     assert t["total"] == pytest.approx(sum(v for k, v in t.items() if k != "total"))
+
+
+def test_fit_layout_keeps_a_matching_output_and_copies_another_layout():
+    """Kernels index a library output by the layout the IR recorded: a tensor in another layout
+    is copied into it (values kept), a matching one passes through untouched."""
+    from kiln.runtime import wrapper
+
+    t = torch.randn(4, 6)
+    assert wrapper.fit_layout(t, (4, 6), (6, 1), 0) is t
+    before = wrapper.relayout_copies[0]
+    transposed = torch.randn(6, 4).t()  # same values layout-wise wrong: strides (1, 4)
+    fitted = wrapper.fit_layout(transposed, (4, 6), (6, 1), 0)
+    assert fitted.stride() == (6, 1) and wrapper.relayout_copies[0] == before + 1
+    torch.testing.assert_close(fitted, transposed)
+    at_offset = wrapper.fit_layout(t, (4, 6), (6, 1), 3)
+    assert at_offset.storage_offset() == 3
+    torch.testing.assert_close(at_offset, t)
