@@ -193,7 +193,7 @@ def test_debug_dir_without_kernels_says_why(tmp_path):
     data = from_debug_dir(str(tmp_path))
     data.backend = "eager"
     sections = _parse(render_html(data)).text
-    assert "no kernel data: backend 'eager' does not generate kernels" in sections["kernels"]
+    assert "no kernel data: backend 'eager' generated no kernels" in sections["kernels"]
     assert "no fusion data: backend 'eager'" in sections["fusion"]
     assert "has no report.json" in sections["summary"]
 

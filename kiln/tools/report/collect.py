@@ -126,7 +126,7 @@ def collect_report(fn: Callable, args: tuple, *, target: str, backend: str = "ea
     if steps:
         data.kernel_times, data.timing_note = kernel_times(run, steps, device, calls)
     else:
-        data.timing_note = f"no kernel data: backend {backend!r} does not generate kernels"
+        data.timing_note = f"no kernel data: backend {backend!r} generated no kernels"
         if backend == "kiln" and not device.startswith("cuda") and \
                 getattr(config, "cpu_codegen", "") == "eager":
             data.notes.append("on CPU tensors the kiln backend runs graphs as torch ops, so no "

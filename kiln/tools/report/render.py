@@ -200,8 +200,8 @@ def _fusion(data: ReportData) -> str:
                    or g.schedule]
     if not with_fusion:
         return _section("fusion", "Fusion", _empty(
-            f"no fusion data: backend {data.backend!r} does not fuse or generate kernels "
-            "(no fusion.json in the debug dir)"))
+            f"no fusion data: backend {data.backend!r} generated no kernels for these graphs "
+            "(no fusion.json in the debug dir; see the summary's notes)"))
     by_name = {k["name"]: k for k in data.kernels}
     return _section("fusion", "Fusion", "".join(_fusion_graph(g, by_name) for g in with_fusion))
 
@@ -238,8 +238,8 @@ def _ceiling_note(data: ReportData) -> str:
 def _kernels(data: ReportData, rows: list[KernelRow]) -> str:
     if not rows:
         return _section("kernels", "Kernels", _empty(
-            f"no kernel data: backend {data.backend!r} does not generate kernels (no "
-            "kernels.json in the debug dir; see the summary's notes)") + _ceiling_note(data))
+            f"no kernel data: backend {data.backend!r} generated no kernels for these graphs "
+            "(no kernels.json in the debug dir; see the summary's notes)") + _ceiling_note(data))
     note = data.timing_note or "no kernel times recorded"
     if not data.device.startswith("cuda"):
         note += ("; on the CPU, times are CPU-side times of the profiler ranges (Triton runs "
@@ -257,8 +257,8 @@ def _roofline(data: ReportData, rows: list[KernelRow]) -> str:
     missing = len(rows) - plotted
     note = (f'<p class="note">{plotted} kernel(s) plotted; {missing} without a FLOP count or a '
             "time are not (pointwise kernels often count 0 FLOPs).</p>") if rows else \
-        _empty(f"no kernels: backend {data.backend!r} does not generate kernels; the ceilings "
-               "alone are drawn")
+        _empty(f"no kernels: backend {data.backend!r} generated none for these graphs; the "
+               "ceilings alone are drawn")
     return _section("roofline", "Roofline", note + svg)
 
 
