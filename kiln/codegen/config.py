@@ -115,14 +115,14 @@ def reduction_class(group, graph: IRGraph | None) -> str:
     which also works for reshaped (div/mod) indices such as a bias gradient read through
     permuted q/k/v layouts."""
     from kiln.codegen.group import member_indices
-    from kiln.lower.deps import DepsCollector, step_along
+    from kiln.lower.deps import DepsCollector, innermost, step_along
     from kiln.lower.ops import use_handler
 
     members = {n.name for n in group.nodes}
     xvars = loop_vars(group.x_ranges, "x")
     rvars = loop_vars(group.r_ranges, "r")
-    x_name = _innermost(xvars)
-    r_name = _innermost(rvars)
+    x_name = innermost(xvars)
+    r_name = innermost(rvars)
     if x_name is None or r_name is None:
         return "inner"
     inner = outer = 0
@@ -144,15 +144,6 @@ def reduction_class(group, graph: IRGraph | None) -> str:
             elif abs(dx) == 1:
                 outer += 1
     return "outer" if outer > inner else "inner"
-
-
-def _innermost(vars_: list) -> str | None:
-    """Name of the fastest-varying loop variable of size > 1 (None when all are size 1)."""
-    for v in reversed(vars_):
-        atom = v.atom()
-        if atom is not None:
-            return atom.name
-    return None
 
 
 # -- candidates --------------------------------------------------------------------------------

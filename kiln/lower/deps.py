@@ -16,7 +16,8 @@ from kiln.lower.index import Expr, sym
 from kiln.lower.ir import ComputedBuffer, loop_vars
 from kiln.lower.ops import OpsHandler, use_handler
 
-__all__ = ["DepsCollector", "MemoryDep", "ReadWrites", "count_ops", "read_writes", "step_along"]
+__all__ = ["DepsCollector", "MemoryDep", "ReadWrites", "count_ops", "innermost", "read_writes",
+           "step_along"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,3 +135,13 @@ def step_along(index: Expr, name: str) -> int | None:
     base = index.evaluate(env)
     env[name] = 1
     return int(index.evaluate(env)) - int(base)
+
+
+def innermost(vars_: Sequence[Expr]) -> str | None:
+    """Name of the fastest-varying loop variable of size > 1 (None when all have size 1, whose
+    symbols simplify away)."""
+    for v in reversed(vars_):
+        atom = v.atom()
+        if atom is not None:
+            return atom.name
+    return None

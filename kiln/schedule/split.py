@@ -18,7 +18,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from kiln.lower.deps import step_along
+from kiln.lower.deps import innermost, step_along
 from kiln.lower.index import Expr
 from kiln.lower.ir import ComputedBuffer, IRGraph, Layout, Reduction
 from kiln.lower.ops import ops
@@ -38,7 +38,7 @@ def _is_outer(node: ComputedBuffer) -> bool:
     along the output (a column reduction), judged by their memory steps along the innermost
     variables (reshaped div/mod indices included)."""
     index, rindex = node.loop_vars()
-    x_name, r_name = _innermost(index), _innermost(rindex)
+    x_name, r_name = innermost(index), innermost(rindex)
     if x_name is None or r_name is None:
         return False
     outer = inner = 0
@@ -49,14 +49,6 @@ def _is_outer(node: ComputedBuffer) -> bool:
         inner += abs(dr) == 1
         outer += abs(dr) != 1 and abs(dx) == 1
     return outer > inner
-
-
-def _innermost(vars_: Sequence[Expr]) -> str | None:
-    for v in reversed(vars_):
-        atom = v.atom()
-        if atom is not None:
-            return atom.name
-    return None
 
 
 def plan_split(node: ComputedBuffer, target: int = TARGET_PROGRAMS,
