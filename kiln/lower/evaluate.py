@@ -20,7 +20,8 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from kiln.lower.index import Expr, Sym
-from kiln.lower.ir import ComputedBuffer, ConstantBuffer, ExternKernel, IRGraph, Reduction, TensorArg
+from kiln.lower.ir import (ComputedBuffer, ConstantBuffer, ExternKernel, IRGraph, Reduction,
+                           TensorArg, map_nested)
 from kiln.lower.ops import OpsHandler, use_handler
 
 __all__ = ["Evaluator", "PrintedRun", "run_ir", "run_printed"]
@@ -254,15 +255,8 @@ class PrintedRun:
 
 
 def _materialize(value: Any, rt: PrintedRun) -> Any:
-    if isinstance(value, TensorArg):
-        return rt.tensor(value.name, value.size, value.stride, value.offset)
-    if isinstance(value, list):
-        return [_materialize(v, rt) for v in value]
-    if isinstance(value, tuple):
-        return tuple(_materialize(v, rt) for v in value)
-    if isinstance(value, dict):
-        return {k: _materialize(v, rt) for k, v in value.items()}
-    return value
+    return map_nested(value, TensorArg,
+                      lambda a: rt.tensor(a.name, a.size, a.stride, a.offset))
 
 
 def _run_node(rt: PrintedRun, node: ComputedBuffer | ExternKernel) -> None:

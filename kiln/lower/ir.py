@@ -45,6 +45,7 @@ __all__ = [
     "TensorArg",
     "compute_dtype",
     "loop_vars",
+    "map_nested",
 ]
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
@@ -333,6 +334,20 @@ class Extern(ExternKernel):
 
 class Fallback(ExternKernel):
     """An ATen op the lower stage has no lowering for, run as an opaque call."""
+
+
+def map_nested(value: Any, leaf: type | tuple[type, ...], fn: Callable[[Any], Any]) -> Any:
+    """`value` with every `leaf` instance inside nested lists, tuples and dicts replaced by
+    `fn(instance)`; anything else is kept (an op's args, a graph's outputs)."""
+    if isinstance(value, leaf):
+        return fn(value)
+    if isinstance(value, list):
+        return [map_nested(v, leaf, fn) for v in value]
+    if isinstance(value, tuple):
+        return tuple(map_nested(v, leaf, fn) for v in value)
+    if isinstance(value, dict):
+        return {k: map_nested(v, leaf, fn) for k, v in value.items()}
+    return value
 
 
 def _collect_args(value: Any, found: list[TensorArg]) -> None:

@@ -39,6 +39,7 @@ from kiln.lower.ir import (
     Reduction,
     TensorArg,
     contiguous_strides,
+    map_nested,
 )
 from kiln.lower.values import (
     BufferValue,
@@ -200,8 +201,8 @@ class GraphBuilder:
         """Add an `Extern`/`Fallback` node calling `call.op(*args, **kwargs)`; returns its
         outputs as values (mirroring `call.out`'s structure)."""
         to_arg = self.attention_arg if kind.startswith("attention") else self.tensor_arg
-        kargs = _map_values(args, to_arg)
-        kkwargs = _map_values(kwargs, to_arg)
+        kargs = map_nested(args, TensorValue, to_arg)
+        kkwargs = map_nested(kwargs, TensorValue, to_arg)
         metas = list(call.out) if isinstance(call.out, (tuple, list)) else [call.out]
         outputs: list[Any] = []
         for meta in metas:
@@ -231,18 +232,6 @@ def _layout(dtype: torch.dtype, device: torch.device, size: Sequence[int],
 
 def _dedup(origins: Sequence[Origin]) -> tuple[Origin, ...]:
     return tuple(dict.fromkeys(origins))
-
-
-def _map_values(value: Any, fn: Callable[[TensorValue], Any]) -> Any:
-    if isinstance(value, TensorValue):
-        return fn(value)
-    if isinstance(value, list):
-        return [_map_values(v, fn) for v in value]
-    if isinstance(value, tuple):
-        return tuple(_map_values(v, fn) for v in value)
-    if isinstance(value, dict):
-        return {k: _map_values(v, fn) for k, v in value.items()}
-    return value
 
 
 # -- the interpreter -------------------------------------------------------------------------------

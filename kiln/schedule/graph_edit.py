@@ -26,6 +26,7 @@ from kiln.lower.ir import (
     Pointwise,
     Reduction,
     TensorArg,
+    map_nested,
 )
 from kiln.lower.ops import OpsHandler, current_handler, use_handler
 
@@ -97,15 +98,7 @@ def readers(graph: IRGraph) -> dict[str, Readers]:
 
 def map_args(value: Any, fn: Callable[[TensorArg], TensorArg]) -> Any:
     """`value` (an extern's args/kwargs) with every `TensorArg` replaced by `fn(arg)`."""
-    if isinstance(value, TensorArg):
-        return fn(value)
-    if isinstance(value, list):
-        return [map_args(v, fn) for v in value]
-    if isinstance(value, tuple):
-        return tuple(map_args(v, fn) for v in value)
-    if isinstance(value, dict):
-        return {k: map_args(v, fn) for k, v in value.items()}
-    return value
+    return map_nested(value, TensorArg, fn)
 
 
 def invert_layout(layout: Layout, offset: Expr) -> list[Expr] | None:
