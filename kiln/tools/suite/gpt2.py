@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from kiln.tools.suite.batch import Batch
+from kiln.tools.suite.batch import Batch, next_token_loss, token_batch
 
 __all__ = ["NAME", "GPT2Config", "GPT2", "make_model", "make_batch", "loss"]
 
@@ -113,9 +113,7 @@ def make_model(size: str) -> nn.Module:
 
 def make_batch(size: str) -> Batch:
     c = SIZES[size]
-    ids = torch.randint(0, c.vocab_size, (c.batch, c.seq))
-    return Batch((ids,), torch.randint(0, c.vocab_size, (c.batch, c.seq)))
+    return token_batch(c.vocab_size, c.batch, c.seq)
 
 
-def loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+loss = next_token_loss

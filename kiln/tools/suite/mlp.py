@@ -9,9 +9,8 @@ import dataclasses
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
-from kiln.tools.suite.batch import Batch
+from kiln.tools.suite.batch import Batch, classification_loss
 
 __all__ = ["NAME", "MLPConfig", "MLP", "make_model", "make_batch", "loss"]
 
@@ -56,5 +55,4 @@ def make_batch(size: str) -> Batch:
                  torch.randint(0, c.num_classes, (c.batch,)))
 
 
-def loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.float(), labels)
+loss = classification_loss

@@ -11,9 +11,8 @@ import dataclasses
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
-from kiln.tools.suite.batch import Batch
+from kiln.tools.suite.batch import Batch, classification_loss, image_batch
 
 __all__ = ["NAME", "ResNetConfig", "ResNet", "BasicBlock", "make_model", "make_batch", "loss"]
 
@@ -91,9 +90,7 @@ def make_model(size: str) -> nn.Module:
 
 def make_batch(size: str) -> Batch:
     c = SIZES[size]
-    images = torch.randn(c.batch, 3, c.image, c.image)
-    return Batch((images,), torch.randint(0, c.num_classes, (c.batch,)))
+    return image_batch(c.batch, c.image, c.num_classes)
 
 
-def loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.float(), labels)
+loss = classification_loss
