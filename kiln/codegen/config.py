@@ -108,24 +108,18 @@ def _warps_for(elements: int) -> int:
 # -- reduction class ---------------------------------------------------------------------------
 
 def reduction_class(group, graph: IRGraph | None) -> str:
-    """"inner" when the reduction's loads are contiguous along r, "outer" when they are
-    contiguous along x with a larger stride along r (column reductions). Decided by the loads
-    that walk both axes (a per-row statistic read once per row or a per-column weight does
-    not decide the tiling), from their memory steps along the innermost x and r variables,
-    which also works for reshaped (div/mod) indices such as a bias gradient read through
-    permuted q/k/v layouts."""
+    """"inner" or "outer" (a column reduction: loads contiguous along x) for the group's
+    reduction members' reads of buffers outside the group, in the group's loop variables
+    (`deps.reduction_axis_class`; e.g. a bias gradient read through permuted q/k/v layouts is
+    outer)."""
     from kiln.codegen.group import member_indices
-    from kiln.lower.deps import DepsCollector, innermost, step_along
+    from kiln.lower.deps import DepsCollector, innermost, reduction_axis_class
     from kiln.lower.ops import use_handler
 
     members = {n.name for n in group.nodes}
     xvars = loop_vars(group.x_ranges, "x")
     rvars = loop_vars(group.r_ranges, "r")
-    x_name = innermost(xvars)
-    r_name = innermost(rvars)
-    if x_name is None or r_name is None:
-        return "inner"
-    inner = outer = 0
+    reads = []
     for node in group.nodes:
         if not node.is_reduction:
             continue
@@ -133,17 +127,8 @@ def reduction_class(group, graph: IRGraph | None) -> str:
         index, rindex = member_indices(node, group, xvars, rvars)
         with use_handler(collector):
             node.body(index, rindex)
-        for dep in collector.reads:
-            if dep.name in members:
-                continue
-            dx, dr = step_along(dep.index, x_name), step_along(dep.index, r_name)
-            if not dx or not dr:
-                continue
-            if abs(dr) == 1:
-                inner += 1
-            elif abs(dx) == 1:
-                outer += 1
-    return "outer" if outer > inner else "inner"
+        reads += [dep.index for dep in collector.reads if dep.name not in members]
+    return reduction_axis_class(reads, innermost(xvars), innermost(rvars))
 
 
 # -- candidates --------------------------------------------------------------------------------

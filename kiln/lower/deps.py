@@ -8,7 +8,7 @@ write index) and the lower stage uses `count_ops` for its inlining heuristic.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
@@ -17,7 +17,7 @@ from kiln.lower.ir import ComputedBuffer, loop_vars
 from kiln.lower.ops import OpsHandler, use_handler
 
 __all__ = ["DepsCollector", "MemoryDep", "ReadWrites", "count_ops", "innermost", "read_writes",
-           "step_along"]
+           "reduction_axis_class", "step_along"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,3 +145,23 @@ def innermost(vars_: Sequence[Expr]) -> str | None:
         if atom is not None:
             return atom.name
     return None
+
+
+def reduction_axis_class(reads: Iterable[Expr], x_name: str | None, r_name: str | None) -> str:
+    """"outer" when the reads that walk both the output and the reduction axis are contiguous
+    along the output (a column reduction such as a bias gradient), else "inner". A read along
+    one axis only (a per-row statistic, a per-column weight) does not decide it; memory steps
+    along the innermost variables also see through reshaped (div/mod) indices. Shared by the
+    schedule's split heuristic and codegen's tiling, which must agree."""
+    if x_name is None or r_name is None:
+        return "inner"
+    inner = outer = 0
+    for index in reads:
+        dx, dr = step_along(index, x_name), step_along(index, r_name)
+        if not dx or not dr:
+            continue
+        if abs(dr) == 1:
+            inner += 1
+        elif abs(dx) == 1:
+            outer += 1
+    return "outer" if outer > inner else "inner"

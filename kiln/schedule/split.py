@@ -18,7 +18,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from kiln.lower.deps import innermost, step_along
+from kiln.lower.deps import innermost, reduction_axis_class
 from kiln.lower.index import Expr
 from kiln.lower.ir import ComputedBuffer, IRGraph, Layout, Reduction
 from kiln.lower.ops import ops
@@ -34,21 +34,10 @@ OUTER_TILE = 32
 
 
 def _is_outer(node: ComputedBuffer) -> bool:
-    """True when the reads that walk both the output and the reduction axes are contiguous
-    along the output (a column reduction), judged by their memory steps along the innermost
-    variables (reshaped div/mod indices included)."""
+    """A column reduction (`deps.reduction_axis_class`), which codegen tiles along x."""
     index, rindex = node.loop_vars()
-    x_name, r_name = innermost(index), innermost(rindex)
-    if x_name is None or r_name is None:
-        return False
-    outer = inner = 0
-    for dep in node_deps(node).reads:
-        dx, dr = step_along(dep.index, x_name), step_along(dep.index, r_name)
-        if not dx or not dr:
-            continue
-        inner += abs(dr) == 1
-        outer += abs(dr) != 1 and abs(dx) == 1
-    return outer > inner
+    reads = [dep.index for dep in node_deps(node).reads]
+    return reduction_axis_class(reads, innermost(index), innermost(rindex)) == "outer"
 
 
 def plan_split(node: ComputedBuffer, target: int = TARGET_PROGRAMS,
