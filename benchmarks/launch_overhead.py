@@ -58,25 +58,6 @@ def many_ops(x, y):
     return a, b, c, e, f, g, h, j, i.amin(0), (x * y).sum(0), torch.sqrt(x.abs()).amax(0)
 
 
-def _run_graph(graph, launchers, inputs, device="cuda"):
-    from kiln.lower.evaluate import _new_storage, _run_node, run_ir
-    from kiln.lower.ir import ComputedBuffer
-
-    by_buffer = {lc.spec.writes[0]: lc for lc in launchers}
-
-    def run_node(rt, node):
-        if not isinstance(node, ComputedBuffer):
-            _run_node(rt, node)
-            return
-        lay = node.layout
-        rt.storages[node.name] = _new_storage(lay.dtype, lay.size, lay.stride,
-                                              lay.offset).to(device)
-        lc = by_buffer[node.name]
-        lc(*(rt.storages[n] for n in lc.spec.args))
-
-    return run_ir(graph, inputs, run_node)
-
-
 # -- 1. launch overhead ----------------------------------------------------------------------
 
 def _per_launch_us(launch: Callable[[], Any], bursts: int = 30, burst: int = 200) -> float:
@@ -135,6 +116,7 @@ def measure_launch() -> dict:
 
 def compile_once() -> dict:
     """In a fresh process: build the many_ops kernels (mode from KILN_COMPILE_MODE)."""
+    from kiln.codegen.build import run_graph
     from kiln.runtime.launcher import build_launchers, compile_mode
     import triton
     from triton.runtime.driver import driver
@@ -147,7 +129,8 @@ def compile_once() -> dict:
     start = time.perf_counter()
     launchers = build_launchers(specs, dtypes=dtypes)
     seconds = time.perf_counter() - start
-    got = _run_graph(graph, launchers, [x.cuda(), y.cuda()])
+    got = run_graph(graph, [x.cuda(), y.cuda()],
+                    {lc.spec.writes[0]: lc for lc in launchers})
     for g, w in zip(got, many_ops(x.cuda(), y.cuda())):
         torch.testing.assert_close(g, w, atol=2e-2, rtol=2e-2)
     return {"mode": mode, "kernels": len(specs), "seconds": round(seconds, 3),

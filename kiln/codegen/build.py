@@ -23,7 +23,7 @@ import os
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -91,12 +91,16 @@ def launch(spec: KernelSpec, *tensors: torch.Tensor) -> None:
     fn[spec.grid(meta)](*(_storage(t) for t in tensors), **spec.launch_options())
 
 
-def run_graph(graph: Any, inputs: Sequence[Any]) -> list[Any]:
-    """Run an `IRGraph` with one generated kernel per computed buffer (no fusion)."""
+def run_graph(graph: Any, inputs: Sequence[Any],
+              launchers: Mapping[str, Any] | None = None) -> list[Any]:
+    """Run an `IRGraph` with one generated kernel per computed buffer (no fusion).
+    `launchers` (buffer name → a pre-bound launcher with `.spec`) replace `launch` for the
+    buffers they cover (the runtime's launchers under test)."""
     from kiln.lower.evaluate import _new_storage, _run_node, run_ir
     from kiln.lower.ir import ComputedBuffer
 
     device = next((t.device for t in inputs if isinstance(t, torch.Tensor)), torch.device("cpu"))
+    launchers = launchers or {}
 
     def run_node(rt: Any, node: Any) -> None:
         if not isinstance(node, ComputedBuffer):
@@ -105,6 +109,10 @@ def run_graph(graph: Any, inputs: Sequence[Any]) -> list[Any]:
         lay = node.layout
         storage = _new_storage(lay.dtype, lay.size, lay.stride, lay.offset)
         rt.storages[node.name] = storage.to(device)  # where the inputs live
+        bound = launchers.get(node.name)
+        if bound is not None:
+            bound(*(rt.storages[n] for n in bound.spec.args))
+            return
         spec = emit_kernel(node, graph)
         launch(spec, *(rt.storages[n] for n in spec.args))
 

@@ -13,10 +13,9 @@ pytest.importorskip("triton")
 
 from kiln.codegen import emit_kernel  # noqa: E402
 from kiln.codegen import build  # noqa: E402
+from kiln.codegen.build import run_graph  # noqa: E402
 from kiln.lower import lower_graph  # noqa: E402
 from kiln.lower._compat import trace_aten  # noqa: E402
-from kiln.lower.evaluate import _new_storage, _run_node, run_ir  # noqa: E402
-from kiln.lower.ir import ComputedBuffer  # noqa: E402
 from kiln.runtime import launcher as launcher_mod  # noqa: E402
 from kiln.runtime.launcher import Launcher, build_launchers, compile_mode, stage_timer  # noqa: E402
 
@@ -36,19 +35,7 @@ def _lowered(fn, *inputs):
 
 def _run_with(graph, launchers, inputs):
     """The graph with every computed buffer made by its launcher (externs: reference)."""
-    by_buffer = {spec.writes[0]: lc for spec, lc in ((lc.spec, lc) for lc in launchers)}
-
-    def run_node(rt, node):
-        if not isinstance(node, ComputedBuffer):
-            _run_node(rt, node)
-            return
-        lay = node.layout
-        rt.storages[node.name] = _new_storage(lay.dtype, lay.size, lay.stride,
-                                              lay.offset).to(DEVICE)
-        lc = by_buffer[node.name]
-        lc(*(rt.storages[name] for name in lc.spec.args))
-
-    return run_ir(graph, inputs, run_node)
+    return run_graph(graph, inputs, {lc.spec.writes[0]: lc for lc in launchers})
 
 
 def _inputs():
