@@ -174,7 +174,7 @@ def part_micro(kiln_mode: str | None) -> None:
                     out = f(*args)
                     torch.cuda.synchronize()
                     first = time.perf_counter() - start
-                    ms = bench_ms(lambda: f(*args))
+                    ms = bench_ms(lambda f=f, args=args: f(*args))
                     gbps = nbytes / (ms * 1e-3) / 1e9
                     emit({"part": "micro", "case": name, "MB_per_input": nbytes // 2 // 2**20
                           if name != "resid_ln" else nbytes // 4 // 2**20, "variant": variant,

@@ -34,7 +34,6 @@ import timeit
 from typing import Any, Callable
 
 import torch
-import torch.nn as nn
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
