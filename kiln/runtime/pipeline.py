@@ -20,6 +20,9 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from kiln.codegen import candidate_configs, emit_group
+from kiln.lower import lower_graph
+from kiln.schedule import schedule as schedule_ir
 from kiln.runtime.launcher import stage_timer
 from kiln.runtime.wrapper import WrapperCode, generate_wrapper, load_wrapper
 
@@ -71,14 +74,12 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
     """Compile a functional ATen graph (the autograd stage's inference/forward/backward graph)
     into a callable artifact; see the module docstring. `trace_s` is the time the caller spent
     producing `gm` (reported as the "trace" stage)."""
-    from kiln.lower import lower_graph
-
     timings = {stage: 0.0 for stage in STAGES}
     timings["trace"] = trace_s
     with stage_timer(timings, "lower"):
         graph = lower_graph(gm, example_inputs)
     with stage_timer(timings, "schedule"):
-        schedule = schedule_graph(graph)
+        schedule = schedule_ir(graph)
     graph = schedule.graph  # elision / splits / layout changes live in the schedule's copy
     with stage_timer(timings, "codegen"):
         specs = {group.name: emit_group(group, graph) for group in schedule.groups}
@@ -103,18 +104,6 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
     return artifact
 
 
-def schedule_graph(graph: Any) -> Any:
-    from kiln.schedule import schedule
-
-    return schedule(graph)
-
-
-def emit_group(group: Any, graph: Any, config: Any = None) -> Any:
-    from kiln.codegen import emit_group as emit
-
-    return emit(group, graph, config)
-
-
 def build_kernel_launchers(specs: list[Any], dtypes: dict[str, torch.dtype] | None = None
                            ) -> dict[str, Callable[..., None]]:
     """Kernel name → pre-bound launcher (`launcher(*tensors)`, one tensor per `spec.args`);
@@ -131,7 +120,6 @@ def build_kernel_launchers(specs: list[Any], dtypes: dict[str, torch.dtype] | No
 def autotune_groups(schedule: Any, specs: dict[str, Any]) -> dict[str, Any]:
     """mode="max-autotune": each group's fastest config among `candidate_configs` (benchmarked
     on random inputs of the buffers' layouts by `kiln.runtime.autotune`)."""
-    from kiln.codegen import candidate_configs
     from kiln.runtime.autotune import autotune
 
     graph = schedule.graph
