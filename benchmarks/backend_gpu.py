@@ -77,13 +77,18 @@ def seed_step(fn: Any, x: torch.Tensor, phase: str) -> Callable[[], Any]:
     return step
 
 
-def seed_case(dtype: torch.dtype, phase: str, variant: str, kiln_mode: str | None) -> dict:
-    reset_all()
+def seed_model(dtype: torch.dtype, phase: str) -> tuple[torch.nn.Module, torch.Tensor]:
+    """The seed block at the seed's sizes on CUDA (eval mode for inference) and its input."""
     torch.manual_seed(0)
     model = TransformerBlock().cuda().to(dtype)
     if phase == "infer":
         model.eval()
-    x = torch.randn(32, 512, 1024, device="cuda", dtype=dtype)
+    return model, torch.randn(32, 512, 1024, device="cuda", dtype=dtype)
+
+
+def seed_case(dtype: torch.dtype, phase: str, variant: str, kiln_mode: str | None) -> dict:
+    reset_all()
+    model, x = seed_model(dtype, phase)
     step = seed_step(compile_variant(variant, model, kiln_mode), x, phase)
     start = time.perf_counter()
     out = step()
@@ -203,9 +208,7 @@ def count_launches(fn: Callable[[], Any]) -> int:
 def part_launches(kiln_mode: str | None) -> None:
     for variant in ("eager", "torch.compile", "kiln"):
         reset_all()
-        torch.manual_seed(0)
-        model = TransformerBlock().cuda().to(torch.bfloat16).eval()
-        x = torch.randn(32, 512, 1024, device="cuda", dtype=torch.bfloat16)
+        model, x = seed_model(torch.bfloat16, "infer")
         step = seed_step(compile_variant(variant, model, kiln_mode), x, "infer")
         try:
             emit({"part": "launches", "variant": variant, "cuda_kernels": count_launches(step)})

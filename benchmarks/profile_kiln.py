@@ -21,9 +21,8 @@ for path in (os.path.dirname(HERE), HERE):
     if path not in sys.path:
         sys.path.insert(0, path)
 
-import kiln  # noqa: E402
-from backend_gpu import micro_cases, seed_step  # noqa: E402
-from kiln.tools.seed_model import TransformerBlock  # noqa: E402
+from backend_gpu import (compile_variant, micro_cases, reset_all, seed_model,  # noqa: E402
+                         seed_step)
 
 CALLS = 5
 
@@ -51,21 +50,14 @@ def profile(fn: Callable[[], Any], top: int) -> None:
 
 
 def seed(dtype: torch.dtype, phase: str, variant: str) -> Callable[[], Any]:
-    torch.manual_seed(0)
-    model = TransformerBlock().cuda().to(dtype)
-    if phase == "infer":
-        model.eval()
-    x = torch.randn(32, 512, 1024, device="cuda", dtype=dtype)
-    fn = model if variant == "eager" else torch.compile(model) if variant == "torch.compile" \
-        else kiln.compile(model, backend="kiln")
-    return seed_step(fn, x, phase)
+    model, x = seed_model(dtype, phase)
+    return seed_step(compile_variant(variant, model, None), x, phase)
 
 
 def micro(name: str, variant: str) -> Callable[[], Any]:
     fn, make_args, _ = micro_cases(1)[name]
     args = make_args()
-    compiled = torch.compile(fn) if variant == "torch.compile" else \
-        kiln.compile(fn, backend="kiln")
+    compiled = compile_variant(variant, fn, None)
     return lambda: compiled(*args)
 
 
@@ -77,8 +69,7 @@ def main() -> None:
     a = ap.parse_args()
     for case in a.cases.split(","):
         for variant in a.variants.split(","):
-            kiln.reset()
-            torch._dynamo.reset()
+            reset_all()
             print(f"== {case} / {variant}")
             if case.startswith("seed_"):
                 phase = case.split("_")[1]
