@@ -61,7 +61,10 @@ def fit_layout(t: torch.Tensor, size: tuple, stride: tuple, offset: int = 0) -> 
     """`t` when a library call returned the layout the IR recorded for it, else a copy in that
     layout: later kernels index the buffer's storage by the recorded strides, so a library
     kernel that picks another layout (e.g. an attention output on another backend) must not
-    be read through the wrong strides."""
+    be read through the wrong strides. None (an undefined tensor: flash attention's philox
+    seed without dropout, saved for its backward) stays None, as in eager autograd."""
+    if t is None:
+        return t
     if t.shape == size and t.storage_offset() == offset and all(
             a == b for n, a, b in zip(size, t.stride(), stride) if n != 1):
         return t
@@ -126,6 +129,7 @@ class _Writer:
         self.steps = schedule.steps
         self.reads = [self._step_reads(step) for step in self.steps]
         self.last_use = self._last_use()
+        self.dropped = self._dropped_extern_outputs()
         self.reuse = self._valid_reuse()
 
     # -- analysis ---------------------------------------------------------------------------
@@ -155,6 +159,17 @@ class _Writer:
                 last[read] = i
         return {name: i for name, i in last.items() if name not in kept}
 
+    def _dropped_extern_outputs(self) -> set[str]:
+        """Library outputs nothing reads (attention's philox seed and offset, its debug mask):
+        never bound. A library may return None for them (flash attention without dropout
+        does) where the meta function gave a tensor."""
+        dropped = set()
+        for i, step in enumerate(self.steps):
+            if isinstance(step, ExternKernel):
+                dropped.update(name for name in self._step_writes(step)
+                               if self.last_use.get(name) == i)
+        return dropped
+
     def _step_writes(self, step: FusedGroup | ExternKernel) -> list[str]:
         if isinstance(step, FusedGroup):
             return list(self.specs[step.name].writes)
@@ -176,7 +191,7 @@ class _Writer:
         valid: dict[str, str] = {}
         for new, old in self.schedule.reuse.items():
             if new not in written_at or old in taken or old not in self.last_use \
-                    or old not in fresh:
+                    or old not in fresh or old in self.dropped:
                 continue
             if self.last_use[old] >= written_at[new] or not _fits(self._buf(old), self._buf(new)):
                 continue
@@ -319,7 +334,8 @@ class _Writer:
         args = [self._extern_arg(a, dense) for a in node.args]
         args += [f"{k}={self._extern_arg(v, dense)}" for k, v in node.kwargs.items()]
         call = f"{format_value(node.op)}({', '.join(args)})"
-        targets = [o.name if isinstance(o, ExternOutput) else "_" for o in node.outputs]
+        targets = [o.name if isinstance(o, ExternOutput) and o.name not in self.dropped else "_"
+                   for o in node.outputs]
         if _returns_single(node):
             self._line(f"{targets[0]} = {call}")
         elif any(t != "_" for t in targets):
@@ -327,7 +343,8 @@ class _Writer:
         else:
             self._line(call)
         for out in node.outputs:
-            if isinstance(out, ExternOutput) and out.layout.numel > 0:
+            if isinstance(out, ExternOutput) and out.layout.numel > 0 \
+                    and out.name not in self.dropped:
                 lay = out.layout
                 self._line(f"{out.name} = fit_layout({out.name}, {tuple(lay.size)}, "
                            f"{tuple(lay.stride)}, {lay.offset})")
@@ -341,7 +358,8 @@ class _Writer:
 
     def _write_frees(self, i: int) -> None:
         reused = set(self.reuse.values())
-        dead = [name for name, last in self.last_use.items() if last == i and name not in reused]
+        dead = [name for name, last in self.last_use.items()
+                if last == i and name not in reused and name not in self.dropped]
         if dead:
             self._line(f"del {', '.join(dead)}")
 
