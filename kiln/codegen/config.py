@@ -9,8 +9,10 @@ valid for the group (power-of-two blocks; persistent only when `RBLOCK >= rnumel
 The heuristics, per reduction class (`reduction_class`):
 
 - inner (the reduced axis is the contiguous one: a row sum, LayerNorm, softmax): persistent
-  while the row fits (`rnumel <= MAX_PERSISTENT_RBLOCK`), with several rows per program when rows
-  are short so that one program still covers ~1-2K elements; else looped over `RBLOCK` chunks.
+  while the row fits (`rnumel <= MAX_PERSISTENT_RBLOCK`); rows of 256..1024 elements get one
+  warp each, four rows per program (the row's reduction stays within a warp), shorter rows
+  several per program so that one program still covers ~1-2K elements; longer rows than the
+  persistent limit are looped over `RBLOCK` chunks.
 - outer (loads are contiguous along x, the reduced axis has a large stride: a bias gradient
   `sum(dim=0)`): x is the fast axis of the tile (Triton's coalescing follows the contiguous
   axis), `XBLOCK` is kept small enough that the grid still fills the GPU, and the r loop takes
@@ -39,6 +41,7 @@ MAX_XBLOCK = 1024
 MAX_PERSISTENT_RBLOCK = 4096
 MAX_TILE = 16384  # elements of one [XBLOCK, RBLOCK] tile (registers)
 TARGET_PROGRAMS = 128  # about one program per SM on an H100/H200 (132 SMs)
+ROW_PER_WARP = (256, 1024)  # inner-reduction row lengths that get one warp per row
 
 KINDS = ("pointwise", "pointwise_2d", "persistent_reduction", "looped_reduction")
 MAX_GRID_Y = 65535  # CUDA's limit on the second grid dimension
@@ -213,10 +216,9 @@ def _inner_configs(numel: int, rnumel: int) -> list[KernelConfig]:
         out.append(KernelConfig("persistent_reduction", xblock, rtop, min(8, 2 * warps)))
         more = _rows_per_program(numel, rtop, 4096)
         if more != xblock:
-            wide = KernelConfig("persistent_reduction", more, rtop, _warps_for(more * rtop))
-            # short rows (<= 512): ~4K elements per program measured fastest on the H200
-            # (softmax over [262144, 512] bf16: 139 vs 149 us for 1K elements per program)
-            out.insert(0 if rtop <= 512 else len(out), wide)
+            out.append(KernelConfig("persistent_reduction", more, rtop, _warps_for(more * rtop)))
+        if ROW_PER_WARP[0] <= rtop <= ROW_PER_WARP[1]:
+            out.insert(0, _row_per_warp(numel, rtop))
         rblock = max(1, min(rtop // 2, 1024))
     else:
         rblock = 2048
@@ -227,6 +229,16 @@ def _inner_configs(numel: int, rnumel: int) -> list[KernelConfig]:
         out.append(KernelConfig("looped_reduction", 1, 4096, 8, 1))
         out.append(KernelConfig("looped_reduction", 2, 1024, 8, 2))
     return out
+
+
+def _row_per_warp(numel: int, rtop: int) -> KernelConfig:
+    """Rows of 256..1024 elements: four rows per program, one warp each. Measured on the H200
+    (bf16, benchmarks/RESULTS.md): softmax over [262144, 512] 130 us vs 139 us at 8 rows / 8
+    warps; x + b -> GELU -> LayerNorm over [131072, 1024] 188 us vs 229 us at 1 row / 4 warps."""
+    rows = 4
+    while rows > 1 and _cdiv(numel, rows) < TARGET_PROGRAMS and numel >= TARGET_PROGRAMS:
+        rows //= 2
+    return KernelConfig("persistent_reduction", rows, rtop, rows)
 
 
 def _outer_configs(numel: int, rnumel: int) -> list[KernelConfig]:

@@ -37,6 +37,7 @@ from kiln.codegen.config import (
     transpose_split,
 )
 from kiln.codegen.group import print_group
+from kiln.codegen.fast_math import FAST_MATH_HELPERS
 from kiln.codegen.reductions import PRELUDE_HELPERS
 from kiln.codegen.triton_printer import CodegenError, TritonPrinter
 from kiln.lower.deps import read_writes
@@ -55,7 +56,7 @@ if os.environ.get("TRITON_INTERPRET") == "1":  # the interpreter does not patch 
 else:
     from triton.language.extra import libdevice
 
-''' + PRELUDE_HELPERS
+''' + PRELUDE_HELPERS + FAST_MATH_HELPERS
 
 _PREFIX = {"pointwise": "kiln_poi", "pointwise_2d": "kiln_tile", "persistent_reduction": "kiln_per",
            "looped_reduction": "kiln_red"}

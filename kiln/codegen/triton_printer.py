@@ -85,6 +85,7 @@ _UNARY = {
     "bitwise_not": "~{0}", "isnan": "{0} != {0}", "isinf": "tl.abs({0}) == float(\"inf\")",
     "square": "{0} * {0}",
 }
+_FAST_ERF_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # float64 keeps libdevice
 _BOOL_RESULT = {"logical_not", "isnan", "isinf", "eq", "ne", "lt", "le", "gt", "ge",
                 "logical_and", "logical_or", "logical_xor"}
 
@@ -278,6 +279,13 @@ class TritonPrinter(OpsHandler):
                 return a
         return self._emit(f"libdevice.pow({a}, {b})", dtype)
 
+    def _fast_erf(self, a: TV, dtype: torch.dtype) -> TV:
+        """kiln's float32 erf (`fast_math._erf_f32`): libdevice's made erf-GELU + LayerNorm
+        ALU-bound. 16-bit values are computed in float32 and rounded back."""
+        if dtype == torch.float32:
+            return self._emit(f"_erf_f32({a})", dtype)
+        return self._emit(f"_erf_f32({a}.to(tl.float32)).to({triton_dtype(dtype)})", dtype)
+
     def index_expr(self, expr: Expr, dtype: torch.dtype) -> TV:
         if expr.is_constant:
             return self.constant(expr.const, dtype)
@@ -319,6 +327,8 @@ class TritonPrinter(OpsHandler):
     def math(self, name: str, *args: TV) -> TV:
         dtype = _promote(*(a.dtype for a in args))
         floating = dtype is not None and dtype.is_floating_point
+        if name == "erf" and dtype in _FAST_ERF_DTYPES:
+            return self._fast_erf(args[0], dtype)
         if name in _UNARY:
             (a,) = args
             return self._emit(_UNARY[name].format(a), torch.bool if name in _BOOL_RESULT
