@@ -36,6 +36,7 @@ import torch
 from kiln.codegen.build import cache_dir, compile_kernel
 from kiln.codegen.kernel import KernelSpec
 from kiln.errors import KilnError
+from kiln.runtime import binaries
 from kiln.runtime.cache import configure_triton_cache
 
 __all__ = ["Launcher", "build_launchers", "compile_mode", "stage_timer"]
@@ -116,8 +117,12 @@ class Launcher:
     def _bind_on_first_launch(self, *tensors: torch.Tensor, stream: int | None = None) -> None:
         """No dtypes were known at build time: compile for these tensors, bind, launch."""
         self._check_arity(tensors)
+        dtypes = [t.dtype for t in tensors]
         with torch.cuda.device(tensors[0].device):
-            self.kernel = self.warmup([t.dtype for t in tensors])
+            self.kernel = binaries.recall(self, dtypes)
+            if self.kernel is None:
+                self.kernel = _resolve(self.warmup(dtypes))
+                binaries.remember(self, dtypes)
             self.bind()
         self._launch(*tensors, stream=stream)
 
@@ -295,12 +300,19 @@ def build_launchers(specs: Sequence[KernelSpec], *, parallel: bool = True,
     todo = [(lc, sig) for lc in launchers
             if (sig := _arg_dtypes(lc.spec, dtypes)) is not None]
     if todo:
-        mode = compile_mode(parallel, len(todo))
         start = time.perf_counter()
-        _COMPILERS[mode](todo)
+        for lc, sig in todo:  # binaries an earlier process compiled: no Triton compile call
+            lc.kernel = binaries.recall(lc, sig)
+        compile_now = [(lc, sig) for lc, sig in todo if lc.kernel is None]
+        mode = compile_mode(parallel, len(compile_now))
+        if compile_now:
+            _COMPILERS[mode](compile_now)
+        for lc, sig in compile_now:
+            binaries.remember(lc, sig)
         for lc, _ in todo:
             lc.bind()
-        log.debug("runtime: compiled %d kernels (%s) in %.3f s", len(todo), mode,
+        log.debug("runtime: %d kernels loaded, %d compiled (%s) in %.3f s",
+                  len(todo) - len(compile_now), len(compile_now), mode,
                   time.perf_counter() - start)
     return launchers
 

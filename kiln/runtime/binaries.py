@@ -1,0 +1,91 @@
+"""binaries: compiled kernel binaries found again in a new process without asking Triton.
+
+`triton.compile` (behind `fn.warmup`) derives its cache key from a hash of Triton's own sources
+and its ~100 MB shared library before it can look at its disk cache: ~0.4 s once per process,
+most of a warm start (benchmarks/RESULTS.md). kiln already knows what a binary depends on — the
+kernel source, the argument dtypes, the constexprs, the launch options, the device and the
+toolchain versions — so after a compile it records, under a kiln key of those, where Triton put
+the binary (Triton's cache hash and kernel name) and the argument signature the launcher needs.
+A later process with the same key loads the stored binary directly
+(`CompiledKernel(src, metadata_group, hash)`: Triton's own loading route, minus the compile).
+
+Anything unexpected — a missing or foreign entry, a Triton without these internals, a binary
+deleted from Triton's cache — reads as a miss and the kernel compiles as before.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from kiln.runtime.cache import DiskCache, cache_key, versions
+
+__all__ = ["STATS", "binary_key", "recall", "remember"]
+
+log = logging.getLogger("kiln.runtime")
+
+NAMESPACE = "binaries"
+STATS = {"recalled": 0, "remembered": 0, "misses": 0}  # this process's counts (tests, reports)
+_PLAIN = (bool, int, float, str, type(None))
+
+
+def binary_key(launcher: Any, dtypes: Sequence[torch.dtype]) -> str:
+    """What the binary of `launcher` compiled for pointer arguments of `dtypes` depends on."""
+    capability = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
+    return cache_key("kiln-binary", launcher.spec.source, [str(d) for d in dtypes],
+                     sorted(launcher.meta.items()), sorted(launcher.options.items()),
+                     capability, versions())
+
+
+def remember(launcher: Any, dtypes: Sequence[torch.dtype]) -> bool:
+    """Record where Triton stored `launcher.kernel` (a compiled CompiledKernel)."""
+    kernel = launcher.kernel
+    try:
+        src = kernel.src
+        constants = [[list(k), v] for k, v in src.constants.items()]
+        entry = {"hash": kernel.hash, "name": kernel.name, "signature": dict(src.signature),
+                 "constants": constants}
+        if not all(isinstance(v, _PLAIN) for _, v in constants) or \
+                not all(isinstance(v, str) for v in entry["signature"].values()):
+            return False
+        DiskCache(NAMESPACE).put(binary_key(launcher, dtypes), entry)
+    except (AttributeError, TypeError, ValueError, OSError) as why:
+        log.debug("binaries: %s not recorded (%s)", launcher.name, why)
+        return False
+    STATS["remembered"] += 1
+    return True
+
+
+def recall(launcher: Any, dtypes: Sequence[torch.dtype]) -> Any | None:
+    """The stored binary of `launcher` for `dtypes` as a CompiledKernel, or None."""
+    entry = DiskCache(NAMESPACE).get(binary_key(launcher, dtypes))
+    if entry is None:
+        STATS["misses"] += 1
+        return None
+    try:
+        kernel = _load(launcher.fn, entry)
+    except Exception as why:  # a stale entry or another Triton: compile instead
+        log.debug("binaries: %s not loaded (%s: %s)", launcher.name, type(why).__name__, why)
+        kernel = None
+    if kernel is None:
+        STATS["misses"] += 1
+        return None
+    STATS["recalled"] += 1
+    return kernel
+
+
+def _load(fn: Any, entry: dict) -> Any | None:
+    from triton.compiler import ASTSource, CompiledKernel
+    from triton.runtime.cache import get_cache_manager
+
+    manager = get_cache_manager(entry["hash"])
+    # Triton names the group file after the kernel (truncated when long): find it
+    names = sorted(Path(manager.cache_dir).glob("__grp__*.json"))
+    group = manager.get_group(names[0].name.removeprefix("__grp__")) if len(names) == 1 else None
+    if not group:
+        return None  # Triton's cache was cleared since
+    constexprs = {tuple(k): v for k, v in entry["constants"]}
+    src = ASTSource(fn, dict(entry["signature"]), constexprs)
+    return CompiledKernel(src, group, entry["hash"])
