@@ -100,9 +100,12 @@ def seed_case(dtype: torch.dtype, phase: str, variant: str, kiln_mode: str | Non
         step()
     torch.cuda.synchronize()
     ms = bench_ms(step)
+    from kiln.runtime import binaries, wrapper
     return {"part": "seed", "dtype": str(dtype).replace("torch.", ""), "phase": phase,
             "variant": variant, "ms": round(ms, 4), "first_s": round(first, 2),
-            "max_abs_err_vs_eager": float(f"{err:.3g}")}
+            "max_abs_err_vs_eager": float(f"{err:.3g}"),
+            "relayout_copies": wrapper.relayout_copies[0],
+            "binaries_recalled": binaries.STATS["recalled"]}
 
 
 def part_seed(kiln_mode: str | None) -> None:

@@ -43,6 +43,10 @@ _FIELDS: dict[str, _Field] = {
                           "the kiln backend on CPU tensors: 'eager' runs the captured graph as "
                           "torch ops; 'triton_interpret' runs the generated Triton kernels in "
                           "Triton's interpreter (needs TRITON_INTERPRET=1; slow, for tests)"),
+    "inference_attention": _Field("cudnn", str, "KILN_INFERENCE_ATTENTION",
+                                  "fused attention kernel for rewritten inference attention on "
+                                  "Hopper-class GPUs in fp16/bf16: 'cudnn' or 'flash' (training "
+                                  "always uses flash: its backward is the one kiln emits)"),
     "warm_start": _Field(True, bool, "KILN_WARM_START",
                          "the kiln backend reuses compiled inference graphs from the disk cache"),
 }

@@ -32,6 +32,7 @@ def test_defaults():
         "eager_rng": False,
         "default_backend": "kiln",
         "cpu_codegen": "eager",
+        "inference_attention": "cudnn",
         "warm_start": True,
     }
 

@@ -15,7 +15,9 @@ constant pre-scale of A (`A = q * c`) is folded into `scale` when nothing else r
 
 SDPA variant by device and dtype: CPU `_scaled_dot_product_flash_attention_for_cpu`; CUDA
 `_scaled_dot_product_flash_attention` for fp16/bf16 (head dim ≤ 256, multiple of 8), else
-`_scaled_dot_product_efficient_attention`. Results equal the explicit form up to rounding (the
+`_scaled_dot_product_efficient_attention`. Inference graphs on Hopper-class GPUs (sm90+, head
+dim ≤ 128) take cuDNN's forward instead (`config.inference_attention`): 95 vs 138 µs on the
+seed block's [32·16, 512, 64] bf16 attention on the H200. Results equal the explicit form up to rounding (the
 fused kernels normalize the probabilities differently).
 """
 from __future__ import annotations
@@ -315,12 +317,26 @@ class _Emitter:
         return out
 
 
-def _variant(q: Any) -> str:
+def _variant(q: Any, training: bool) -> str:
     if q.device.type != "cuda":
         return "cpu"
     if q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] % 8 == 0 and q.shape[-1] <= 256:
+        if not training and q.shape[-1] <= 128 and _cudnn_usable(q.device):
+            return "cudnn"
         return "flash"
     return "efficient"
+
+
+def _cudnn_usable(device: torch.device) -> bool:
+    """cuDNN's fused attention forward, where configured and present on an sm90+ GPU."""
+    from kiln.config import config
+
+    if config.inference_attention != "cudnn" or not torch.cuda.is_available():
+        return False
+    if not hasattr(aten, "_scaled_dot_product_cudnn_attention") or \
+            not torch.backends.cudnn.is_available() or not torch.backends.cuda.cudnn_sdp_enabled():
+        return False
+    return torch.cuda.get_device_capability(device) >= (9, 0)
 
 
 def _forward(e: _Emitter, kind: str, q: Any, k: Any, v: Any, scale: float) -> tuple:
@@ -329,6 +345,9 @@ def _forward(e: _Emitter, kind: str, q: Any, k: Any, v: Any, scale: float) -> tu
                      scale=scale)
     elif kind == "flash":
         fwd = e.call(aten._scaled_dot_product_flash_attention.default, q, k, v, scale=scale)
+    elif kind == "cudnn":
+        fwd = e.call(aten._scaled_dot_product_cudnn_attention.default, q, k, v, None, False,
+                     scale=scale)
     else:
         fwd = e.call(aten._scaled_dot_product_efficient_attention.default, q, k, v, None, True,
                      scale=scale)
@@ -367,7 +386,7 @@ def _forward_item(e: _Emitter, fwd: Any, i: int) -> Any:
 
 def _rewrite(graph: torch.fx.Graph, m: AttentionMatch) -> None:
     e = _Emitter(graph, m.softmax.meta.get("user_location"))
-    kind = _variant(_val(m.q))
+    kind = _variant(_val(m.q), training=m.dv is not None)
     with graph.inserting_before(m.out):
         q = e.call(aten.unsqueeze.default, m.q, 0)
         k = e.call(aten.unsqueeze.default, e.call(aten.permute.default, m.bt, [0, 2, 1]), 0)

@@ -130,6 +130,8 @@ def test_cuda_variants(dtype, training):
     gm, inputs = trace_flat(fn, (q, k, v))
     new, count = _rewritten(gm)
     assert count == 1
+    if dtype == torch.bfloat16 and not training and torch.cuda.get_device_capability() >= (9, 0):
+        assert aten._scaled_dot_product_cudnn_attention.default in _targets(new)
     ref = [t.double() for t in torch.utils._pytree.tree_leaves(
         fn(*[t.double() for t in inputs]))]
     got = _run(new, inputs)
