@@ -47,6 +47,9 @@ _FIELDS: dict[str, _Field] = {
                                   "fused attention kernel for rewritten inference attention on "
                                   "Hopper-class GPUs in fp16/bf16: 'cudnn' or 'flash' (training "
                                   "always uses flash: its backward is the one kiln emits)"),
+    "binary_cache": _Field(True, bool, "KILN_BINARY_CACHE",
+                           "load kernel binaries compiled by an earlier process directly "
+                           "(kiln.runtime.binaries) instead of through triton.compile"),
     "warm_start": _Field(True, bool, "KILN_WARM_START",
                          "the kiln backend reuses compiled inference graphs from the disk cache"),
 }

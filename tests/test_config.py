@@ -33,6 +33,7 @@ def test_defaults():
         "default_backend": "kiln",
         "cpu_codegen": "eager",
         "inference_attention": "cudnn",
+        "binary_cache": True,
         "warm_start": True,
     }
 

@@ -20,6 +20,7 @@ from typing import Any, Sequence
 
 import torch
 
+from kiln.config import config
 from kiln.runtime.cache import DiskCache, cache_key, versions
 
 __all__ = ["STATS", "binary_key", "recall", "remember"]
@@ -41,14 +42,19 @@ def binary_key(launcher: Any, dtypes: Sequence[torch.dtype]) -> str:
 
 def remember(launcher: Any, dtypes: Sequence[torch.dtype]) -> bool:
     """Record where Triton stored `launcher.kernel` (a compiled CompiledKernel)."""
+    if not config.binary_cache:
+        return False
     kernel = launcher.kernel
     try:
         src = kernel.src
         constants = [[list(k), v] for k, v in src.constants.items()]
-        entry = {"hash": kernel.hash, "name": kernel.name, "signature": dict(src.signature),
+        # a list of pairs: the parameters' order is the launcher's argument order (a dict would
+        # come back key-sorted from the JSON file)
+        signature = [[name, kind] for name, kind in src.signature.items()]
+        entry = {"hash": kernel.hash, "name": kernel.name, "signature": signature,
                  "constants": constants}
         if not all(isinstance(v, _PLAIN) for _, v in constants) or \
-                not all(isinstance(v, str) for v in entry["signature"].values()):
+                not all(isinstance(kind, str) for _, kind in signature):
             return False
         DiskCache(NAMESPACE).put(binary_key(launcher, dtypes), entry)
     except (AttributeError, TypeError, ValueError, OSError) as why:
@@ -60,6 +66,8 @@ def remember(launcher: Any, dtypes: Sequence[torch.dtype]) -> bool:
 
 def recall(launcher: Any, dtypes: Sequence[torch.dtype]) -> Any | None:
     """The stored binary of `launcher` for `dtypes` as a CompiledKernel, or None."""
+    if not config.binary_cache:
+        return None
     entry = DiskCache(NAMESPACE).get(binary_key(launcher, dtypes))
     if entry is None:
         STATS["misses"] += 1
@@ -86,6 +94,9 @@ def _load(fn: Any, entry: dict) -> Any | None:
     group = manager.get_group(names[0].name.removeprefix("__grp__")) if len(names) == 1 else None
     if not group:
         return None  # Triton's cache was cleared since
+    signature = {name: kind for name, kind in entry["signature"]}
+    if list(signature) != list(fn.arg_names):
+        return None  # not this function's parameters, in its order
     constexprs = {tuple(k): v for k, v in entry["constants"]}
-    src = ASTSource(fn, dict(entry["signature"]), constexprs)
+    src = ASTSource(fn, signature, constexprs)
     return CompiledKernel(src, group, entry["hash"])

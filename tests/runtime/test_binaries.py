@@ -37,13 +37,28 @@ def caches(tmp_path, monkeypatch):
     return tmp_path
 
 
-def test_remember_records_triton_hash_name_and_signature(caches):
+def test_remember_records_triton_hash_name_and_signature_in_parameter_order(caches):
     lc = _fake_launcher()
     assert binaries.remember(lc, [torch.float32])
     entry = DiskCache(binaries.NAMESPACE).get(binaries.binary_key(lc, [torch.float32]))
+    # the order is the launcher's argument order: "XBLOCK" < "in_ptr0" must not reorder it
     assert entry == {"hash": "ab" * 32, "name": "kiln_poi_sin_buf0",
-                     "signature": {"in_ptr0": "*fp32", "XBLOCK": "constexpr"},
+                     "signature": [["in_ptr0", "*fp32"], ["XBLOCK", "constexpr"]],
                      "constants": [[[1], 128]]}
+
+
+def test_an_entry_for_other_parameters_is_not_loaded(caches):
+    lc = _fake_launcher()
+    lc.fn = types.SimpleNamespace(arg_names=["XBLOCK", "in_ptr0"])  # another order
+    group = Path(os.environ["TRITON_CACHE_DIR"]) / ("ab" * 32)
+    group.mkdir(parents=True)
+    meta = group / "kiln_poi_sin_buf0.json"
+    meta.write_text("{}")
+    (group / "__grp__kiln_poi_sin_buf0.json").write_text(
+        json.dumps({"child_paths": {meta.name: str(meta)}}))
+    binaries.remember(lc, [torch.float32])
+    assert binaries._load(lc.fn, DiskCache(binaries.NAMESPACE).get(
+        binaries.binary_key(lc, [torch.float32]))) is None
 
 
 def test_key_follows_source_dtypes_meta_and_options():
@@ -115,3 +130,14 @@ def test_a_new_process_loads_binaries_without_compiling(tmp_path):
     assert warm["stats"]["recalled"] == cold["stats"]["remembered"]
     assert warm["stats"]["remembered"] == 0 and warm["triton_key"] == 0
     assert cold["err"] < 1e-4 and warm["err"] < 1e-4
+
+
+def test_switched_off_by_config(caches):
+    from kiln.config import config
+
+    lc = _fake_launcher()
+    with config.patch(binary_cache=False):
+        assert not binaries.remember(lc, [torch.float32])
+    binaries.remember(lc, [torch.float32])
+    with config.patch(binary_cache=False):
+        assert binaries.recall(lc, [torch.float32]) is None
