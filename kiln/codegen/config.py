@@ -10,7 +10,8 @@ The heuristics, per reduction class (`reduction_class`):
 
 - inner (the reduced axis is the contiguous one: a row sum, LayerNorm, softmax): persistent
   while the row fits (`rnumel <= MAX_PERSISTENT_RBLOCK`); rows of 256..1024 elements get one
-  warp each, four rows per program (the row's reduction stays within a warp), shorter rows
+  warp each, four rows per program (the row's reduction stays within a warp; rows of 1024 only
+  when at most two full tensors stream through, see `_row_per_warp`), shorter rows
   several per program so that one program still covers ~1-2K elements; longer rows than the
   persistent limit are looped over `RBLOCK` chunks.
 - outer (loads are contiguous along x, the reduced axis has a large stride: a bias gradient
@@ -115,23 +116,49 @@ def reduction_class(group, graph: IRGraph | None) -> str:
     reduction members' reads of buffers outside the group, in the group's loop variables
     (`deps.reduction_axis_class`; e.g. a bias gradient read through permuted q/k/v layouts is
     outer)."""
+    from kiln.lower.deps import innermost, reduction_axis_class
+
+    reads, _, xvars, rvars = _group_accesses(group, reductions_only=True)
+    return reduction_axis_class([dep.index for dep in reads], innermost(xvars), innermost(rvars))
+
+
+def _group_accesses(group, reductions_only: bool = False) -> tuple[list, list, list, list]:
+    """(reads of buffers outside the group, writes, x vars, r vars) of the group's members, as
+    `MemoryDep`s (name, index in the group's loop variables; a buffer several members read
+    appears once per member)."""
     from kiln.codegen.group import member_indices
-    from kiln.lower.deps import DepsCollector, innermost, reduction_axis_class
+    from kiln.lower.deps import DepsCollector
     from kiln.lower.ops import use_handler
 
     members = {n.name for n in group.nodes}
     xvars = loop_vars(group.x_ranges, "x")
     rvars = loop_vars(group.r_ranges, "r")
-    reads = []
+    reads, writes = [], []
     for node in group.nodes:
-        if not node.is_reduction:
+        if reductions_only and not node.is_reduction:
             continue
         collector = DepsCollector()
         index, rindex = member_indices(node, group, xvars, rvars)
         with use_handler(collector):
             node.body(index, rindex)
-        reads += [dep.index for dep in collector.reads if dep.name not in members]
-    return reduction_axis_class(reads, innermost(xvars), innermost(rvars))
+        reads += [dep for dep in collector.reads if dep.name not in members]
+        writes += [dep for dep in collector.writes if dep.name in group.stores]
+    return reads, writes, xvars, rvars
+
+
+def row_streams(group) -> int:
+    """How many full [x, r] tensors a reduction group reads or writes (a LayerNorm 2, a
+    residual add + LayerNorm with both outputs 4); weights indexed by r alone don't count."""
+    reads, writes, xvars, rvars = _group_accesses(group)
+    xs = {s.name for v in xvars for s in v.free_symbols()}
+    rs = {s.name for v in rvars for s in v.free_symbols()}
+
+    def full(deps: list) -> set[str]:
+        return {dep.name for dep in deps
+                if {s.name for s in dep.index.free_symbols()} & xs
+                and {s.name for s in dep.index.free_symbols()} & rs}
+
+    return len(full(reads)) + len(full(writes))
 
 
 # -- candidates --------------------------------------------------------------------------------
@@ -206,7 +233,7 @@ def _rows_per_program(numel: int, rblock: int, elements: int) -> int:
     return xblock
 
 
-def _inner_configs(numel: int, rnumel: int) -> list[KernelConfig]:
+def _inner_configs(numel: int, rnumel: int, streams: int) -> list[KernelConfig]:
     rtop = next_power_of_2(rnumel)
     out: list[KernelConfig] = []
     if rtop <= MAX_PERSISTENT_RBLOCK:
@@ -217,7 +244,7 @@ def _inner_configs(numel: int, rnumel: int) -> list[KernelConfig]:
         more = _rows_per_program(numel, rtop, 4096)
         if more != xblock:
             out.append(KernelConfig("persistent_reduction", more, rtop, _warps_for(more * rtop)))
-        if ROW_PER_WARP[0] <= rtop <= ROW_PER_WARP[1]:
+        if ROW_PER_WARP[0] <= rtop <= ROW_PER_WARP[1] and (rtop < 1024 or streams <= 2):
             out.insert(0, _row_per_warp(numel, rtop))
         rblock = max(1, min(rtop // 2, 1024))
     else:
@@ -234,7 +261,9 @@ def _inner_configs(numel: int, rnumel: int) -> list[KernelConfig]:
 def _row_per_warp(numel: int, rtop: int) -> KernelConfig:
     """Rows of 256..1024 elements: four rows per program, one warp each. Measured on the H200
     (bf16, benchmarks/RESULTS.md): softmax over [262144, 512] 130 us vs 139 us at 8 rows / 8
-    warps; x + b -> GELU -> LayerNorm over [131072, 1024] 188 us vs 229 us at 1 row / 4 warps."""
+    warps; x + b -> GELU -> LayerNorm over [131072, 1024] 188 us vs 229 us at 1 row / 4 warps.
+    Rows of 1024 that stream more than two full tensors (residual add + LayerNorm: two in, two
+    out; 32 values per thread per tensor) keep 1 row / 4 warps: 257 us vs 265 us."""
     rows = 4
     while rows > 1 and _cdiv(numel, rows) < TARGET_PROGRAMS and numel >= TARGET_PROGRAMS:
         rows //= 2
@@ -269,7 +298,7 @@ def candidate_configs(group, graph: IRGraph | None = None) -> list[KernelConfig]
     elif reduction_class(group, graph) == "outer":
         configs = _outer_configs(numel, rnumel)
     else:
-        configs = _inner_configs(numel, rnumel)
+        configs = _inner_configs(numel, rnumel, row_streams(group))
     unique = list(dict.fromkeys(configs))
     return unique[:6]
 

@@ -358,3 +358,24 @@ def test_square_is_a_multiply_not_libdevice_pow():
     specs = _check_all(fn, graph, group, [x, w], atol=2e-2, rtol=2e-2,
                        tol_ir={"atol": 2e-2, "rtol": 2e-2})
     assert "libdevice.pow" not in specs[0].source
+
+
+def test_row_per_warp_default_depends_on_row_length_and_streams():
+    """Rows of 256..1024 get one warp per row (4 rows, 4 warps) — at 1024 only when at most
+    two full tensors stream through; residual add + LayerNorm (2 in, 2 out) keeps 1 row."""
+    from kiln.codegen.config import row_streams
+    from kiln.schedule import schedule
+
+    def first_group(fn, *inputs):
+        return next(iter(schedule(_lower(fn, *inputs)).groups))
+
+    big = lambda *s: torch.empty(*s, dtype=torch.bfloat16)  # noqa: E731 (never run: 256 MiB)
+    w = big(1024)
+    ln = first_group(lambda x, w: F.layer_norm(F.gelu(x), (1024,), w), big(131072, 1024), w)
+    resid = first_group(_residual_layer_norm, big(131072, 1024), big(131072, 1024), w, w)
+    soft = first_group(lambda x: torch.softmax(x, -1), big(262144, 512))
+    assert (row_streams(ln), row_streams(resid), row_streams(soft)) == (2, 4, 2)
+    pick = lambda g: candidate_configs(g, None)[0]  # noqa: E731
+    assert (pick(ln).XBLOCK, pick(ln).num_warps) == (4, 4)
+    assert (pick(resid).XBLOCK, pick(resid).num_warps) == (1, 4)
+    assert (pick(soft).XBLOCK, pick(soft).num_warps) == (4, 4)
