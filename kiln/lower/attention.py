@@ -24,13 +24,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import operator
 from typing import Any
 
 import torch
 import torch.fx
 
-from kiln.lower import _compat
+from kiln.lower.emit import NodeEmitter
 
 __all__ = ["AttentionMatch", "match_attention", "rewrite_attention"]
 
@@ -282,41 +281,6 @@ def _fold_prescale(m: AttentionMatch) -> None:
 
 # -- the rewrite -----------------------------------------------------------------------------------
 
-class _Emitter:
-    """Adds nodes with `meta["val"]` computed on fake tensors of the operands' metadata."""
-
-    def __init__(self, graph: torch.fx.Graph, location: Any) -> None:
-        self.graph = graph
-        self.mode = _compat.new_fake_mode()
-        self.fakes: dict[torch.fx.Node, Any] = {}
-        self.location = location
-
-    def fake(self, node: torch.fx.Node) -> Any:
-        if node not in self.fakes:
-            v = _val(node)
-            self.fakes[node] = _compat.fake_tensor_like(
-                self.mode, v.shape, v.stride(), v.dtype, v.device, v.storage_offset())
-        return self.fakes[node]
-
-    def call(self, target: Any, *args: Any, **kwargs: Any) -> torch.fx.Node:
-        node = self.graph.call_function(target, args, kwargs)
-        fake_args = torch.fx.node.map_arg(args, self.fake)
-        fake_kwargs = torch.fx.node.map_arg(kwargs, self.fake)
-        with self.mode:
-            val = target(*fake_args, **fake_kwargs)
-        node.meta["val"] = val
-        if self.location is not None:
-            node.meta["user_location"] = self.location
-        self.fakes[node] = val
-        return node
-
-    def item(self, node: torch.fx.Node, i: int) -> torch.fx.Node:
-        out = self.graph.call_function(operator.getitem, (node, i))
-        out.meta["val"] = self.fakes[node][i]
-        self.fakes[out] = self.fakes[node][i]
-        return out
-
-
 def _variant(q: Any, training: bool) -> str:
     if q.device.type != "cuda":
         return "cpu"
@@ -339,7 +303,7 @@ def _cudnn_usable(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device) >= (9, 0)
 
 
-def _forward(e: _Emitter, kind: str, q: Any, k: Any, v: Any, scale: float) -> tuple:
+def _forward(e: NodeEmitter, kind: str, q: Any, k: Any, v: Any, scale: float) -> tuple:
     if kind == "cpu":
         fwd = e.call(aten._scaled_dot_product_flash_attention_for_cpu.default, q, k, v,
                      scale=scale)
@@ -354,7 +318,7 @@ def _forward(e: _Emitter, kind: str, q: Any, k: Any, v: Any, scale: float) -> tu
     return fwd, e.item(fwd, 0)
 
 
-def _backward(e: _Emitter, kind: str, fwd: Any, d_o: Any, q: Any, k: Any, v: Any,
+def _backward(e: NodeEmitter, kind: str, fwd: Any, d_o: Any, q: Any, k: Any, v: Any,
               out: Any, scale: float) -> list:
     lse = e.item(fwd, 1)
     if kind == "cpu":
@@ -373,7 +337,7 @@ def _backward(e: _Emitter, kind: str, fwd: Any, d_o: Any, q: Any, k: Any, v: Any
     return [e.item(bwd, i) for i in range(3)]
 
 
-def _forward_item(e: _Emitter, fwd: Any, i: int) -> Any:
+def _forward_item(e: NodeEmitter, fwd: Any, i: int) -> Any:
     """Forward output `i` as the backward call's argument: a tensor as a getitem node; an
     undefined tensor (None: the varlen offsets of a dense call) or a static int (max_q) as the
     constant itself, so the joint graph's partitioner never has to save a value without a
@@ -385,7 +349,7 @@ def _forward_item(e: _Emitter, fwd: Any, i: int) -> Any:
 
 
 def _rewrite(graph: torch.fx.Graph, m: AttentionMatch) -> None:
-    e = _Emitter(graph, m.softmax.meta.get("user_location"))
+    e = NodeEmitter(graph, m.softmax.meta.get("user_location"))
     kind = _variant(_val(m.q), training=m.dv is not None)
     with graph.inserting_before(m.out):
         q = e.call(aten.unsqueeze.default, m.q, 0)

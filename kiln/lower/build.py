@@ -1,7 +1,8 @@
 """build: the lower stage's driver — graph passes, inputs, the interpreter, outputs.
 
 `build_graph` is `lower_graph`'s body: it copies the FX graph (passes never touch the caller's),
-eliminates dead code, rewrites explicit attention, binds placeholders to `InputBuffer`s and
+eliminates dead code, rewrites explicit attention, pads misaligned large matmuls on CUDA
+(`padding`), binds placeholders to `InputBuffer`s and
 `get_attr` tensors to `ConstantBuffer`s, runs the `Interpreter`, and turns each output into a
 strided view of a buffer with eager's strides (copying only when no view has them).
 """
@@ -37,23 +38,30 @@ def build_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None =
     start = time.perf_counter()
     gm = copy_graph_module(gm)
     gm.graph.eliminate_dead_code()
+    metas = _output_metas(gm)  # before the passes: outputs keep the strides eager gives them
     if attention_rewrite:
         from kiln.lower.attention import rewrite_attention
 
         rewrite_attention(gm)
+    from kiln.lower.padding import pad_matmuls
+
+    pad_matmuls(gm)
     builder = GraphBuilder()
     interp = Interpreter(builder)
     _bind_inputs(gm, example_inputs, builder, interp)
     outputs = interp.run_nodes(list(gm.graph.nodes))
-    out_node = next(n for n in gm.graph.nodes if n.op == "output")
-    metas = _compat.tree_leaves(
-        torch.fx.node.map_arg(out_node.args[0], lambda n: n.meta.get("val")),
-        is_leaf=lambda x: x is None)
     values = _compat.tree_leaves(outputs, is_leaf=_is_leaf)
     builder.graph.outputs = [_output(builder, v, m) for v, m in zip(values, metas)]
     log.debug("lowered %d FX nodes into %r in %.3f s", len(gm.graph.nodes), builder.graph,
               time.perf_counter() - start)
     return builder.graph
+
+
+def _output_metas(gm: torch.fx.GraphModule) -> list:
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    return _compat.tree_leaves(
+        torch.fx.node.map_arg(out_node.args[0], lambda n: n.meta.get("val")),
+        is_leaf=lambda x: x is None)
 
 
 def _is_leaf(x: Any) -> bool:
