@@ -17,8 +17,13 @@ SDPA variant by device and dtype: CPU `_scaled_dot_product_flash_attention_for_c
 `_scaled_dot_product_flash_attention` for fp16/bf16 (head dim ≤ 256, multiple of 8), else
 `_scaled_dot_product_efficient_attention`. Inference graphs on Hopper-class GPUs (sm90+, head
 dim ≤ 128) take cuDNN's forward instead (`config.inference_attention`): 95 vs 138 µs on the
-seed block's [32·16, 512, 64] bf16 attention on the H200. Results equal the explicit form up to rounding (the
-fused kernels normalize the probabilities differently).
+seed block's [32·16, 512, 64] bf16 attention on the H200. Results equal the explicit form up
+to rounding (the fused kernels normalize the probabilities differently).
+
+Inference graphs also take `softmax(S·c + mask)` (BERT's additive padding mask, any tensor of
+the scores' dtype that broadcasts to them): q, k, v are viewed with the scores' batch dims and
+the mask, expanded, becomes the kernel's bias (cuDNN or the efficient kernel; flash has none).
+A mask added before the scaling, or in a joint graph, is left as it is.
 """
 from __future__ import annotations
 
@@ -44,7 +49,8 @@ RESHAPES = (aten.view.default, aten._unsafe_view.default, aten.reshape.default,
 @dataclasses.dataclass
 class AttentionMatch:
     """One explicit attention found in a graph (FX nodes). `q`/`bt`/`v`: the operands
-    (`bt` is kᵀ); `scale`: the factor on q·kᵀ; `out`: the PV bmm; `scores`: the q·kᵀ bmm; for a joint graph `d_o`,
+    (`bt` is kᵀ); `scale`: the factor on q·kᵀ; `out`: the PV bmm; `scores`: the q·kᵀ bmm;
+    `mask`: a tensor added to the scaled scores just before the softmax; for a joint graph `d_o`,
     `dv`, `dq`, `dbt`: the gradient nodes the SDPA backward replaces (`dq` may be the
     gradient of an un-scaled q when the pre-scale was folded)."""
 
@@ -59,6 +65,8 @@ class AttentionMatch:
     dv: torch.fx.Node | None = None
     dq: torch.fx.Node | None = None
     dbt: torch.fx.Node | None = None
+    mask: torch.fx.Node | None = None  # an additive mask on the scaled scores (inference)
+    mask_shape: tuple[int, ...] = ()  # the scores' shape where the mask is added
 
 
 def _val(node: Any) -> Any:
@@ -130,6 +138,27 @@ def _scores(s: torch.fx.Node) -> tuple[torch.fx.Node, float, list[torch.fx.Node]
     return s, scale, between
 
 
+def _masked_scores(s: torch.fx.Node) -> tuple[tuple, torch.fx.Node | None]:
+    """`_scores` of S, or of S' when S = S' + mask with a mask tensor that broadcasts to S
+    (BERT's additive padding mask), as ((bmm, scale, between), mask)."""
+    plain = _scores(s)
+    if plain is not None or not _is(s, aten.add.Tensor) or len(s.args) != 2 or s.kwargs:
+        return plain, None
+    shape = tuple(_val(s).shape)
+    for x, mask in (s.args, s.args[::-1]):
+        vm = _val(mask)
+        if not (isinstance(x, torch.fx.Node) and isinstance(vm, torch.Tensor)) or \
+                len(x.users) != 1 or vm.dtype != _val(s).dtype or vm.dim() > len(shape) or \
+                torch.broadcast_shapes(tuple(vm.shape), shape) != shape or \
+                tuple(_val(x).shape) != shape:
+            continue
+        inner = _scores(x)
+        if inner is not None:
+            bmm, scale, between = inner
+            return (bmm, scale, [s, *between]), mask
+    return None, None
+
+
 def _pv_bmm(p_set: set[torch.fx.Node], shape: torch.Size) -> torch.fx.Node | None:
     """The forward bmm(P, V), looking through reshapes and no-op expands of P."""
     found = []
@@ -152,7 +181,7 @@ def _passes(node: Any) -> bool:
 
 def match_attention(p: torch.fx.Node) -> AttentionMatch | None:
     s = _softmax_input(p)
-    scores = _scores(s) if s is not None else None
+    scores, mask = _masked_scores(s) if s is not None else (None, None)
     if scores is None:
         return None
     s3, scale, between = scores
@@ -162,12 +191,26 @@ def match_attention(p: torch.fx.Node) -> AttentionMatch | None:
     if out is None or len(_val(a).shape) != 3:
         return None
     match = AttentionMatch(p, a, bt, out.args[1], scale, out, s3)
+    if mask is not None:
+        match.mask, match.mask_shape = mask, tuple(_val(s).shape)
+        if not _mask_fits(match):
+            return None
     others = {u for q in p_set for u in q.users} - p_set
     others -= {u for u in others if _reaches(u, out)}
-    if others and not _match_backward(match, p_set, others, between):
-        return None
+    if others and (mask is not None or not _match_backward(match, p_set, others, between)):
+        return None  # a masked attention is rewritten in inference graphs only
     _fold_prescale(match)
     return match
+
+
+def _mask_fits(m: AttentionMatch) -> bool:
+    """The masked scores [*batch, L, S] split the bmm's [N, L, S] batch (N = prod(batch)), and
+    on CUDA the key length keeps the bias rows 16-byte aligned (the efficient kernel's rule)."""
+    *batch, length, keys = m.mask_shape
+    n, rows, cols = _val(m.scores).shape
+    if (rows, cols) != (length, keys) or int(torch.Size(batch).numel()) != n or not batch:
+        return False
+    return _val(m.q).device.type != "cuda" or keys % 16 == 0
 
 
 def _reaches(node: torch.fx.Node, target: torch.fx.Node) -> bool:
@@ -348,7 +391,43 @@ def _forward_item(e: NodeEmitter, fwd: Any, i: int) -> Any:
     return int(val) if isinstance(val, (int, torch.SymInt)) else val
 
 
+def _rewrite_masked(graph: torch.fx.Graph, m: AttentionMatch) -> None:
+    """q, k, v viewed with the scores' batch dims [*batch, L, D]; the mask expanded (a view) to
+    the scores' shape as the fused kernel's additive bias (cuDNN's or the efficient kernel's
+    on CUDA: flash takes none)."""
+    e = NodeEmitter(graph, m.softmax.meta.get("user_location"))
+    batch = list(m.mask_shape[:-2])
+
+    def operand(x: torch.fx.Node) -> torch.fx.Node:
+        """`x` [N, L, D] as [*batch, L, D] with a unit stride on D (the fused kernels read a
+        strided head dim wrongly; the lower stage copies such views anyway)."""
+        y = e.call(aten.reshape.default, x, batch + list(_val(x).shape[-2:]))
+        if _val(y).stride(-1) != 1:
+            y = e.call(aten.clone.default, y, memory_format=torch.contiguous_format)
+        return y
+
+    with graph.inserting_before(m.out):
+        q, v = operand(m.q), operand(m.v)
+        k = operand(e.call(aten.permute.default, m.bt, [0, 2, 1]))
+        bias = e.call(aten.expand.default, m.mask, list(m.mask_shape))
+        kind = _variant(_val(m.q), training=False)
+        if kind == "cpu":
+            fwd = e.call(aten._scaled_dot_product_flash_attention_for_cpu.default, q, k, v,
+                         attn_mask=bias, scale=m.scale)
+        elif kind == "cudnn":
+            fwd = e.call(aten._scaled_dot_product_cudnn_attention.default, q, k, v, bias, False,
+                         scale=m.scale)
+        else:  # flash takes no bias
+            fwd = e.call(aten._scaled_dot_product_efficient_attention.default, q, k, v, bias,
+                         False, scale=m.scale)
+        out = e.call(aten.reshape.default, e.item(fwd, 0), list(_val(m.out).shape))
+    m.out.replace_all_uses_with(out)
+
+
 def _rewrite(graph: torch.fx.Graph, m: AttentionMatch) -> None:
+    if m.mask is not None:
+        _rewrite_masked(graph, m)
+        return
     e = NodeEmitter(graph, m.softmax.meta.get("user_location"))
     kind = _variant(_val(m.q), training=m.dv is not None)
     with graph.inserting_before(m.out):

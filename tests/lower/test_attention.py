@@ -88,6 +88,21 @@ def _weights_reused(q, k, v):
     return p @ v + p.sum()
 
 
+def _bert_masked(q, k, v, mask):  # BERT: additive padding mask on the scaled scores
+    scores = q @ k.transpose(-1, -2) / 8.0
+    return torch.softmax(scores + mask, dim=-1) @ v
+
+
+def _mask_scaled_after(q, k, v, mask):  # (S + mask) * c: the mask is scaled too, not rewritten
+    return torch.softmax((q @ k.transpose(-1, -2) + mask) * 0.125, dim=-1) @ v
+
+
+def _padding_mask(b, keys, dtype=torch.float32):
+    lengths = torch.randint(1, keys + 1, (b, 1))
+    keep = (torch.arange(keys)[None] < lengths).to(dtype)
+    return ((1.0 - keep) * torch.finfo(dtype).min)[:, None, None, :]
+
+
 def _grad_of(fn):
     def step(q, k, v):
         return torch.func.grad_and_value(lambda *a: fn(*a).pow(2).sum(), argnums=(0, 1, 2))(q, k, v)
@@ -109,6 +124,34 @@ CASES = [
     ("weights_reused", _weights_reused, (2, 3, 5, 8), 0),
     ("train_4d_not_supported", _grad_of(_four_d), (2, 3, 5, 8), 0),
 ]
+
+
+@pytest.mark.parametrize("fn,expected", [(_bert_masked, 1), (_mask_scaled_after, 0)])
+def test_additive_mask_becomes_the_fused_kernels_bias(fn, expected):
+    q, k, v = _qkv((2, 3, 5, 8))
+    mask = _padding_mask(2, 5)
+    gm, inputs = trace_flat(fn, (q, k, v, mask))
+    eager = torch.utils._pytree.tree_leaves(fn(*inputs))
+    new, count = _rewritten(gm)
+    assert count == expected
+    if expected:
+        assert aten._scaled_dot_product_flash_attention_for_cpu.default in _targets(new)
+    _close(_run(new, inputs), eager)
+    _close(run_ir(lower_graph(gm), inputs), eager)
+    ref = fn(*[t.double() for t in inputs])
+    assert (_run(new, inputs)[0].double() - ref).abs().max() < 1e-5
+
+
+def test_masked_attention_in_a_joint_graph_is_left_alone():
+    q, k, v = _qkv((2, 3, 5, 8))
+    mask = _padding_mask(2, 5)
+
+    def step(q, k, v):
+        return torch.func.grad_and_value(
+            lambda *a: _bert_masked(*a, mask).pow(2).sum(), argnums=(0, 1, 2))(q, k, v)
+
+    gm, inputs = trace_flat(step, (q, k, v))
+    assert _rewritten(gm)[1] == 0
 
 
 @pytest.mark.parametrize("name,fn,shape,expected", CASES, ids=[c[0] for c in CASES])
@@ -139,6 +182,22 @@ def test_cuda_variants(dtype, training):
     for g, b, r in zip(got, base, ref, strict=True):
         err, base_err = (g.double() - r).abs().max(), (b.double() - r).abs().max()
         assert err <= 2 * base_err + (1e-5 if dtype == torch.float32 else 2e-2) * r.abs().max()
+
+
+@pytest.mark.gpu
+def test_cuda_masked_variant():
+    q, k, v = (torch.randn(2, 4, 64, 32, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    mask = _padding_mask(2, 64, torch.bfloat16).cuda()
+    gm, inputs = trace_flat(_bert_masked, (q, k, v, mask))
+    new, count = _rewritten(gm)
+    assert count == 1
+    fused = {aten._scaled_dot_product_efficient_attention.default,
+             aten._scaled_dot_product_cudnn_attention.default}
+    assert fused & _targets(new)
+    ref = _bert_masked(*[t.double() for t in inputs])
+    got, base = _run(new, inputs)[0], _run(gm, inputs)[0]
+    err, base_err = (got.double() - ref).abs().max(), (base.double() - ref).abs().max()
+    assert err <= 2 * base_err + 2e-2 * ref.abs().max()
 
 
 def test_bf16_joint_graph_with_upcast_softmax_backward():
