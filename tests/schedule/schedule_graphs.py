@@ -18,7 +18,8 @@ from kiln.lower.ir import ComputedBuffer, IRGraph
 from kiln.schedule import FusedGroup, Schedule
 from kiln.tools.seed_model import TransformerBlock
 
-__all__ = ["assert_runs_like_eager", "assert_valid_order", "lower_fn", "seed_block_graphs"]
+__all__ = ["assert_runs_like_eager", "assert_valid_order", "lower_fn", "schedule_fn",
+           "seed_block_graphs"]
 
 
 def lower_fn(fn: Callable[..., Any], *inputs: torch.Tensor) -> tuple[IRGraph, list]:
@@ -35,6 +36,17 @@ def assert_runs_like_eager(sched: Schedule, inputs: list, eager: list,
     assert len(got) == len(eager)
     for g, e in zip(got, eager):
         torch.testing.assert_close(g, e, rtol=rtol, atol=atol)
+
+
+def schedule_fn(fn: Callable[..., Any], *inputs: torch.Tensor) -> tuple[IRGraph, Schedule]:
+    """Lower `fn`, schedule it, and check the schedule's order and its results against eager."""
+    from kiln.schedule import schedule
+
+    graph, eager = lower_fn(fn, *inputs)
+    sched = schedule(graph)
+    assert_valid_order(sched)
+    assert_runs_like_eager(sched, list(inputs), eager)
+    return graph, sched
 
 
 def assert_valid_order(sched: Schedule) -> None:

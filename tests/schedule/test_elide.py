@@ -6,19 +6,13 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from schedule_graphs import assert_runs_like_eager, assert_valid_order, lower_fn
+from schedule_graphs import lower_fn, schedule_fn
 
 from kiln.lower.ir import ComputedBuffer, TensorArg
 from kiln.schedule import schedule
 from kiln.schedule.elide import ACCEPTS
 
 
-def _check(fn, *inputs):
-    graph, eager = lower_fn(fn, *inputs)
-    sched = schedule(graph)
-    assert_valid_order(sched)
-    assert_runs_like_eager(sched, list(inputs), eager)
-    return graph, sched
 
 
 def _arg(size, stride, offset=0):
@@ -41,7 +35,7 @@ def test_attention_stride_rule() -> None:
 
 
 def test_transposed_copy_into_mm_is_a_view() -> None:
-    graph, sched = _check(lambda x, w: x.t().clone() @ w, torch.randn(8, 4), torch.randn(8, 8))
+    graph, sched = schedule_fn(lambda x, w: x.t().clone() @ w, torch.randn(8, 4), torch.randn(8, 8))
     assert len(graph.computed) == 1 and not sched.graph.computed
     (mm,) = sched.steps
     assert mm.args[0] == TensorArg("x_1", torch.float32, (4, 8), (1, 4), 0)
@@ -49,7 +43,7 @@ def test_transposed_copy_into_mm_is_a_view() -> None:
 
 
 def test_non_affine_copy_stays() -> None:
-    graph, sched = _check(lambda x, w: x.t().reshape(3, 8) @ w, torch.randn(4, 6),
+    graph, sched = schedule_fn(lambda x, w: x.t().reshape(3, 8) @ w, torch.randn(4, 6),
                           torch.randn(8, 5))
     assert len(sched.graph.computed) == 1 and not sched.elided
 
@@ -65,13 +59,13 @@ def _attention(p, start):
 
 
 def test_aligned_attention_operands_are_views() -> None:
-    _, sched = _check(lambda p: _attention(p, 8), torch.randn(2, 4, 56))
+    _, sched = schedule_fn(lambda p: _attention(p, 8), torch.randn(2, 4, 56))
     assert len(sched.elided) == 3 and len(sched.steps) == 1
     assert [a.offset for a in sched.steps[0].args[:3]] == [8, 24, 40]
 
 
 def test_misaligned_attention_operand_keeps_its_copy() -> None:
-    _, sched = _check(lambda p: _attention(p, 1), torch.randn(2, 4, 56))
+    _, sched = schedule_fn(lambda p: _attention(p, 1), torch.randn(2, 4, 56))
     assert len(sched.elided) == 2
     (copy,) = sched.graph.computed
     assert isinstance(copy, ComputedBuffer) and sched.steps[1].args[0].name == copy.name

@@ -7,7 +7,7 @@ import random
 
 import torch
 import torch.nn.functional as F
-from schedule_graphs import assert_runs_like_eager, assert_valid_order, lower_fn
+from schedule_graphs import lower_fn, schedule_fn
 
 from kiln.lower.ir import loop_vars
 from kiln.schedule import (
@@ -20,12 +20,6 @@ from kiln.schedule import (
 from kiln.schedule.fusion import group_deps
 
 
-def _check(fn, *inputs):
-    graph, eager = lower_fn(fn, *inputs)
-    sched = schedule(graph)
-    assert_valid_order(sched)
-    assert_runs_like_eager(sched, list(inputs), eager)
-    return graph, sched
 
 
 def test_pointwise_chain_is_one_group() -> None:
@@ -33,7 +27,7 @@ def test_pointwise_chain_is_one_group() -> None:
         a = x.exp() + 1
         return a, a.sin() * 2, (a.cos() - 1).abs()
 
-    graph, sched = _check(fn, torch.randn(4, 16))
+    graph, sched = schedule_fn(fn, torch.randn(4, 16))
     assert len(graph.computed) == 3
     assert len(sched.steps) == 1 and len(sched.groups[0].nodes) == 3
     assert all(d.fused for d in sched.decisions)
@@ -44,7 +38,7 @@ def test_residual_add_layernorm_is_one_group() -> None:
         return F.layer_norm(x + y, (32,), w, b)
 
     inputs = (torch.randn(2, 8, 32), torch.randn(2, 8, 32), torch.randn(32), torch.randn(32))
-    graph, sched = _check(fn, *inputs)
+    graph, sched = schedule_fn(fn, *inputs)
     assert len(graph.computed) >= 3
     (group,) = sched.steps
     assert group.is_reduction and group.numel == 16 and group.rnumel == 32
@@ -52,7 +46,7 @@ def test_residual_add_layernorm_is_one_group() -> None:
 
 
 def test_softmax_is_one_group() -> None:
-    graph, sched = _check(lambda x: torch.softmax(x, -1), torch.randn(4, 6, 10))
+    graph, sched = schedule_fn(lambda x: torch.softmax(x, -1), torch.randn(4, 6, 10))
     assert len(graph.computed) == 3
     (group,) = sched.steps
     assert [n.data.reduction_type for n in group.nodes if n.is_reduction] == ["max", "sum"]
@@ -64,7 +58,7 @@ def test_transposed_read_is_not_fused() -> None:
         a = sum(xs[1:], xs[0])  # over 8 loads: realized, not inlined into its reader
         return a, a.t().contiguous() * 2
 
-    _, sched = _check(fn, *[torch.randn(8, 4) for _ in range(9)])
+    _, sched = schedule_fn(fn, *[torch.randn(8, 4) for _ in range(9)])
     assert len(sched.groups) == 2
     (decision,) = [d for d in sched.decisions if not d.fused]
     assert "transposed" in decision.reason
@@ -75,7 +69,7 @@ def test_no_fusion_across_an_extern() -> None:
         a = x.exp()
         return a, (a @ w) + a.sin()
 
-    _, sched = _check(fn, torch.randn(8, 8), torch.randn(8, 8))
+    _, sched = schedule_fn(fn, torch.randn(8, 8), torch.randn(8, 8))
     kinds = [getattr(s, "kind", "group") for s in sched.steps]
     assert kinds == ["group", "mm", "group"]
     reasons = [d.reason for d in sched.decisions if not d.fused]
@@ -87,13 +81,13 @@ def test_different_iteration_space_reason() -> None:
         a = x.exp()
         return a, a.sum(1), a.repeat(2, 1).sin()
 
-    _, sched = _check(fn, torch.randn(8, 4))
+    _, sched = schedule_fn(fn, torch.randn(8, 4))
     reasons = [d.reason for d in sched.decisions if not d.fused]
     assert any("different iteration space" in r for r in reasons)
 
 
 def test_members_read_each_other_at_the_written_index() -> None:
-    _, sched = _check(lambda x, y: F.layer_norm(x + y, (16,)), torch.randn(4, 16),
+    _, sched = schedule_fn(lambda x, y: F.layer_norm(x + y, (16,)), torch.randn(4, 16),
                       torch.randn(4, 16))
     for group in sched.groups:
         written = {n.name: group_deps(n, group.x_ranges, group.r_ranges).writes[0].index
@@ -105,7 +99,7 @@ def test_members_read_each_other_at_the_written_index() -> None:
 
 
 def test_group_index_maps_a_pointwise_member_onto_x_and_r() -> None:
-    _, sched = _check(lambda x: torch.softmax(x, -1), torch.randn(3, 5))
+    _, sched = schedule_fn(lambda x: torch.softmax(x, -1), torch.randn(3, 5))
     group = sched.groups[0]
     normalize = group.nodes[-1]
     xv, rv = loop_vars(group.x_ranges, "x"), loop_vars(group.r_ranges, "r")
@@ -146,7 +140,7 @@ def _random_fn(seed: int):
 def test_random_graphs_schedule_without_cycles() -> None:
     for seed in range(12):
         x, w = torch.randn(6, 6) * 0.5, torch.randn(6, 6) * 0.5
-        _check(_random_fn(seed), x, w)
+        schedule_fn(_random_fn(seed), x, w)
 
 
 def test_render_and_fusion_json() -> None:
@@ -154,7 +148,7 @@ def test_render_and_fusion_json() -> None:
         a = x.exp()
         return a, F.layer_norm((a @ w) + a, (8,))
 
-    _, sched = _check(fn, torch.randn(4, 8), torch.randn(8, 8))
+    _, sched = schedule_fn(fn, torch.randn(4, 8), torch.randn(8, 8))
     text = render_schedule(sched)
     for i, step in enumerate(sched.steps):
         assert f"step {i}: " in text
