@@ -16,6 +16,8 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 __all__ = [
     "CountingBackend",
+    "line_of",
+    "mentions_line",
     "assert_grads_equal",
     "assert_graph_provenance",
     "assert_params_lifted",
@@ -203,3 +205,16 @@ def assert_params_lifted(gm: torch.fx.GraphModule, module: torch.nn.Module,
             f"{name}: fake {val.shape} {val.dtype} != real {tensors[name].shape} " \
             f"{tensors[name].dtype}"
 
+
+def line_of(path: str, marker: str) -> int:
+    """1-based line number of the only line of the file `path` ending in the comment
+    `# marker` (tests mark the lines their break reasons must point at)."""
+    with open(path) as f:
+        hits = [i for i, line in enumerate(f, 1) if line.rstrip().endswith(f"# {marker}")]
+    assert len(hits) == 1, (marker, hits)
+    return hits[0]
+
+
+def mentions_line(text: str, filename: str, lineno: int) -> bool:
+    """Whether rendered text points at `lineno` ("line N" or "<filename>:N")."""
+    return re.search(rf"(line {lineno}\b|{re.escape(filename)}:{lineno}\b)", text) is not None

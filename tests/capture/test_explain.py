@@ -14,22 +14,18 @@ import torch
 
 import kiln
 import kiln.errors
-from helpers import CountingBackend, assert_same_structure_and_values
+from helpers import CountingBackend, assert_same_structure_and_values, line_of, mentions_line
 from models import TransformerBlock
 
 THIS_FILE = os.path.basename(__file__)
 
 
 def _line_of(marker: str) -> int:
-    """1-based line number of the only line of this file containing `marker` in a comment."""
-    with open(__file__) as f:
-        hits = [i for i, line in enumerate(f, 1) if line.rstrip().endswith(f"# {marker}")]
-    assert len(hits) == 1, (marker, hits)
-    return hits[0]
+    return line_of(__file__, marker)
 
 
 def _mentions_line(text: str, lineno: int) -> bool:
-    return re.search(rf"(line {lineno}\b|{re.escape(THIS_FILE)}:{lineno}\b)", text) is not None
+    return mentions_line(text, THIS_FILE, lineno)
 
 
 def simple(alpha, beta):

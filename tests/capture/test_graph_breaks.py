@@ -23,7 +23,6 @@ import copy
 import io
 import logging
 import os
-import re
 import subprocess
 import sys
 import textwrap
@@ -36,7 +35,8 @@ import torch.nn as nn
 
 import kiln
 import kiln.errors
-from helpers import CountingBackend, assert_same_structure_and_values, target_names
+from helpers import (CountingBackend, assert_same_structure_and_values, line_of, mentions_line,
+                     target_names)
 from kiln.capture import breaks
 from kiln.tools.seed_model import TransformerBlock
 
@@ -44,11 +44,7 @@ THIS_FILE = os.path.basename(__file__)
 
 
 def _line_of(marker: str) -> int:
-    """1-based line number of the only line of this file ending in the comment `# marker`."""
-    with open(__file__) as f:
-        hits = [i for i, line in enumerate(f, 1) if line.rstrip().endswith(f"# {marker}")]
-    assert len(hits) == 1, (marker, hits)
-    return hits[0]
+    return line_of(__file__, marker)
 
 
 def _source_of(marker: str) -> str:
@@ -58,7 +54,7 @@ def _source_of(marker: str) -> str:
 
 
 def _mentions_line(text: str, lineno: int) -> bool:
-    return re.search(rf"(line {lineno}\b|{re.escape(THIS_FILE)}:{lineno}\b)", text) is not None
+    return mentions_line(text, THIS_FILE, lineno)
 
 
 def _points_at(record, marker: str) -> bool:

@@ -22,17 +22,14 @@ import torch
 
 import kiln
 import kiln.errors
-from helpers import CountingBackend
+from helpers import CountingBackend, line_of
 from test_numpy_ops import assert_numpy_equal
 
 THIS_FILE = os.path.basename(__file__)
 
 
 def _line_of(marker: str) -> int:
-    with open(__file__) as f:
-        hits = [i for i, line in enumerate(f, 1) if line.rstrip().endswith(f"# {marker}")]
-    assert len(hits) == 1, (marker, hits)
-    return hits[0]
+    return line_of(__file__, marker)
 
 
 def _break_lines(out) -> list[int]:
