@@ -20,13 +20,13 @@ the loop axes their index uses plus every enclosing `masked` condition.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, Callable, Mapping
 
 import torch
 
 from kiln.lower.index import Div, Expr, Sym, sym
 from kiln.lower.ops import OpsHandler
+from kiln.lower.printer import format_value
 
 __all__ = ["CodegenError", "TV", "TritonPrinter", "triton_dtype"]
 
@@ -62,14 +62,10 @@ class TV:
 
 
 def _literal(value: Any) -> str:
-    if isinstance(value, bool):
-        return "True" if value else "False"
-    if isinstance(value, float):
-        if math.isnan(value):
-            return 'float("nan")'
-        if math.isinf(value):
-            return 'float("inf")' if value > 0 else 'float("-inf")'
-        return repr(value)
+    """Python source for a constant: bools and floats (nan, ±inf too) as the lower stage's
+    printer writes them, anything else as an int."""
+    if isinstance(value, (bool, float)):
+        return format_value(value)
     return repr(int(value))
 
 
