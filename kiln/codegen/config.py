@@ -154,9 +154,8 @@ def row_streams(group) -> int:
     rs = {s.name for v in rvars for s in v.free_symbols()}
 
     def full(deps: list) -> set[str]:
-        return {dep.name for dep in deps
-                if {s.name for s in dep.index.free_symbols()} & xs
-                and {s.name for s in dep.index.free_symbols()} & rs}
+        names = [(dep.name, {s.name for s in dep.index.free_symbols()}) for dep in deps]
+        return {name for name, used in names if used & xs and used & rs}
 
     return len(full(reads)) + len(full(writes))
 

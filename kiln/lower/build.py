@@ -2,9 +2,9 @@
 
 `build_graph` is `lower_graph`'s body: it copies the FX graph (passes never touch the caller's),
 eliminates dead code, rewrites explicit attention, pads misaligned large matmuls on CUDA
-(`padding`), binds placeholders to `InputBuffer`s and
-`get_attr` tensors to `ConstantBuffer`s, runs the `Interpreter`, and turns each output into a
-strided view of a buffer with eager's strides (copying only when no view has them).
+(`padding`), binds placeholders to `InputBuffer`s and `get_attr` tensors to `ConstantBuffer`s,
+runs the `Interpreter`, and turns each output into a strided view of a buffer with eager's
+strides (read before the passes; copying only when no view has them).
 """
 from __future__ import annotations
 
