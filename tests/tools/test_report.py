@@ -201,16 +201,20 @@ def test_debug_dir_without_kernels_says_why(tmp_path):
 # --- in headless Chromium ------------------------------------------------------------------
 
 def _chromium() -> str:
-    """The Chromium that scripts/setup_browser.sh installed (or KILN_CHROMIUM); a missing
-    browser fails the test, unless KILN_SKIP_BROWSER_TESTS=1 says to skip it on purpose."""
+    """The Chromium that scripts/setup_browser.sh found or installed (or KILN_CHROMIUM). A missing
+    browser fails the test in CI (CI=true, where .ci/run installs one); elsewhere the test is
+    skipped with the command that installs one, since that install is system-wide and opt-in."""
     if os.environ.get("KILN_SKIP_BROWSER_TESTS") == "1":
         pytest.skip("KILN_SKIP_BROWSER_TESTS=1")
     path = os.environ.get("KILN_CHROMIUM") or next(
         (shutil.which(n) for n in ("chromium-headless-shell", "chromium", "google-chrome")
          if shutil.which(n)), None)
     if not path:
-        pytest.fail("no headless Chromium: run `bash scripts/setup_browser.sh <venv python>` "
-                    "(scripts/test.sh does) or set KILN_CHROMIUM")
+        why = ("no headless Chromium: run `KILN_INSTALL_BROWSER=1 bash scripts/test.sh` "
+               "(installs Debian's chromium-headless-shell system-wide) or set KILN_CHROMIUM")
+        if os.environ.get("CI", "").lower() in ("1", "true"):
+            pytest.fail(why)
+        pytest.skip(why)
     return path
 
 
