@@ -13,7 +13,7 @@ import torch
 from kiln.capture import records
 from kiln.diagnostics import GuardRecord, RecompileReason, Unsupported
 
-__all__ = ["ExplainOutput", "explain"]
+__all__ = ["ExplainOutput", "explain", "op_name"]
 
 
 @dataclasses.dataclass
@@ -33,7 +33,9 @@ class ExplainOutput:
     def guards(self) -> list[GuardRecord]:
         return self.out_guards
 
-    def __str__(self) -> str:
+    def render(self, verbose: bool = False) -> str:
+        """The report. Guards are summarized by kind (a count and one example each) unless
+        `verbose`, which lists every guard; a module's parameters alone give dozens of them."""
         lines = [f"Graph Count: {self.graph_count}",
                  f"Graph Break Count: {self.graph_break_count}",
                  f"Op Count: {self.op_count}"]
@@ -42,29 +44,66 @@ class ExplainOutput:
             lines.extend(_indent(r.render()) for r in self.break_reasons)
         for i, ops in enumerate(self.ops_per_graph):
             lines.append(f"Ops per Graph ({i + 1}): {len(ops)}")
-            lines.extend(f"  {_op_name(op)}" for op in ops)
+            lines.extend(f"  {op_name(op)}" for op in ops)
         if self.recompile_reasons:
             lines.append("Recompiles:")
             lines.extend(_indent(r.render()) for r in self.recompile_reasons)
         if self.saved_reports:
             lines.append("Saved for backward:")
             lines.extend(_indent(r) for r in self.saved_reports)
-        lines.append(f"Guards ({len(self.out_guards)}):")
-        lines.extend(_indent(g.render()) for g in self.out_guards)
+        lines.extend(_guard_lines(self.out_guards, verbose))
         times = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in self.compile_times.items())
         lines.append(f"Compile Times: {times}")
         return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.render()
+
+
+def _guard_lines(guards: list[GuardRecord], verbose: bool) -> list[str]:
+    if verbose:
+        return [f"Guards ({len(guards)}):"] + [_indent(g.render()) for g in guards]
+    by_kind: dict[str, list[GuardRecord]] = {}
+    for guard in guards:
+        by_kind.setdefault(guard.kind, []).append(guard)
+    lines = [f"Guards ({len(guards)}, by kind; all of them with --verbose / "
+             f"render(verbose=True)):"]
+    for kind, group in sorted(by_kind.items(), key=lambda item: (-len(item[1]), item[0])):
+        lines.append(f"  {len(group):4d} {kind:<14} e.g. {group[0].expr}")
+    return lines
 
 
 def _indent(text: str) -> str:
     return "\n".join("  " + line for line in text.splitlines())
 
 
-def _op_name(op: Any) -> str:
+# Operators as the user wrote them, not as the `_operator` C module names them.
+_OPERATOR_SYMBOLS = {"add": "+", "sub": "-", "mul": "*", "truediv": "/", "floordiv": "//",
+                     "mod": "%", "pow": "**", "matmul": "@", "neg": "unary -", "getitem": "[]",
+                     "and_": "&", "or_": "|", "xor": "^", "invert": "~", "lt": "<", "le": "<=",
+                     "gt": ">", "ge": ">=", "eq": "==", "ne": "!=", "iadd": "+=",
+                     "imul": "*=", "isub": "-=", "itruediv": "/="}
+# Where torch's public functions live in C: name them by the public path a user writes.
+_TORCH_MODULE_ALIASES = {"torch._VariableFunctionsClass": "torch", "torch._C._VariableFunctions":
+                         "torch", "torch._C._nn": "torch.nn.functional",
+                         "torch._C._linalg": "torch.linalg", "torch._C._fft": "torch.fft",
+                         "torch._C._special": "torch.special"}
+
+
+def op_name(op: Any) -> str:
+    """A graph op in user terms: `x + y` for operator.add, `torch.layer_norm` for
+    torch._VariableFunctionsClass.layer_norm, `Tensor.relu` for a method."""
     if isinstance(op, str):
         return f"Tensor.{op}"
     module = getattr(op, "__module__", "") or ""
     name = getattr(op, "__qualname__", None) or getattr(op, "__name__", repr(op))
+    if module in ("_operator", "operator") and name in _OPERATOR_SYMBOLS:
+        return f"{_OPERATOR_SYMBOLS[name]} (operator.{name})"
+    for prefix, public in _TORCH_MODULE_ALIASES.items():
+        if f"{module}.{name}".startswith(prefix + "."):
+            return f"{public}.{name.rsplit('.', 1)[-1]}"
+    if module == "_operator":
+        module = "operator"
     return f"{module}.{name}" if module else name
 
 

@@ -94,6 +94,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--train", action="store_true",
                         help="suite models: explain in training mode (default: eval, no_grad)")
     parser.add_argument("--no-grad", action="store_true", help="run under torch.no_grad()")
+    parser.add_argument("--verbose", action="store_true",
+                        help="list every guard (by default: a count and an example per kind)")
     parser.add_argument("--backend", default=None,
                         help="explain under this backend (e.g. aot_eager also reports what is "
                         "saved for backward)")
@@ -107,5 +109,5 @@ def explain_command(args: argparse.Namespace) -> int:
     with ctx:
         report = kiln.explain(fn, backend=args.backend)(*call_args)
     print(f"kiln {kiln.__version__} explain {args.target}")
-    print(report)
+    print(report.render(verbose=args.verbose))
     return 0

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -56,3 +57,16 @@ def test_a_bad_target_names_the_expected_forms():
     done = _explain("no_colon_here")
     assert done.returncode != 0
     assert "script.py:function" in done.stderr
+
+
+def test_explain_of_the_seed_block_is_short_and_names_ops_as_users_write_them():
+    done = _explain("suite:seed_block")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) <= 60, done.stdout
+    assert "_VariableFunctionsClass" not in done.stdout and "_operator." not in done.stdout
+    assert "torch.nn.functional.layer_norm" in done.stdout
+    assert any(re.match(r"\s+\d+ shape\s+e\.g\. x\.shape == ", line) for line in lines), done.stdout
+    verbose = _explain("suite:seed_block", "--verbose")
+    assert verbose.returncode == 0, verbose.stderr
+    assert len(verbose.stdout.splitlines()) > len(lines) + 100  # every guard, one per line
