@@ -49,7 +49,7 @@ class SchemaError(Exception):
 
 # -- the key ---------------------------------------------------------------------------------------
 
-def graph_key(gm: torch.fx.GraphModule, example_inputs: list, mode: str | None) -> str | None:
+def graph_key(gm: torch.fx.GraphModule, example_inputs: list, options: Any) -> str | None:
     """The cache key of a captured graph, or None when the graph cannot be stored."""
     try:
         _check_graph(gm, example_inputs)
@@ -57,7 +57,7 @@ def graph_key(gm: torch.fx.GraphModule, example_inputs: list, mode: str | None) 
         log.debug("warm start: not cached: %s", why)
         return None
     settings = {k: v for k, v in config.to_dict().items() if k not in ("debug_dir", "logs")}
-    return cache_key("kiln-graph", gm.code, [tensor_meta(t) for t in example_inputs], mode,
+    return cache_key("kiln-graph", gm.code, [tensor_meta(t) for t in example_inputs], options,
                      settings, versions(), _source_fingerprint())
 
 
