@@ -19,6 +19,7 @@ On a machine without CUDA, set `TRITON_INTERPRET=1` before triton is imported
 from __future__ import annotations
 
 import linecache
+import logging
 import os
 import sys
 import threading
@@ -31,6 +32,8 @@ import torch
 from kiln.codegen.kernel import KernelSpec, emit_kernel
 
 __all__ = ["cache_dir", "compile_kernel", "launch", "run_graph"]
+
+log = logging.getLogger("kiln.codegen")
 
 _compiled: dict[str, Any] = {}
 _compile_lock = threading.Lock()
@@ -96,10 +99,14 @@ def _write_source(path: Path, source: str) -> None:
     except OSError:
         pass
     tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as file:
-        file.write(source)
-    os.replace(tmp, path)  # atomic: a concurrent reader never sees a partial file
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as file:
+            file.write(source)
+        os.replace(tmp, path)  # atomic: a concurrent reader never sees a partial file
+    except OSError as exc:  # a full disk costs the readable copy, never the kernel
+        log.debug("codegen: kernel source not written to %s: %s", path, exc)
+        tmp.unlink(missing_ok=True)
 
 
 def _storage(t: torch.Tensor) -> torch.Tensor:
