@@ -23,6 +23,7 @@ from kiln.options import resolve_options
 __all__ = ["compile", "disable", "allow_in_graph", "graph_break", "is_compiling", "reset",
            "mark_dynamic", "mark_static"]
 
+
 def compile(fn_or_module: Any = None, *, backend: str | Callable | None = None,
             mode: str | None = None, fullgraph: bool = False, dynamic: bool | None = None,
             options: dict | None = None, disable: bool = False) -> Any:
@@ -65,7 +66,9 @@ def _check_arguments(backend: Any, mode: Any, fullgraph: Any, dynamic: Any, opti
         raise InvalidArgument(f"kiln.compile(backend={backend!r}): expected a registered name "
                               "or a callable(gm, example_inputs)",
                               hint=f"registered backends: {', '.join(list_backends())}")
-    resolve_options(mode, options if not isinstance(options, Mapping) else None)
+    resolve_options(mode)  # an unknown mode name raises
+    if options is not None and not isinstance(options, Mapping):
+        resolve_options(mode, options)  # a CompileOptions passes; anything else raises
     if isinstance(options, Mapping) and not all(isinstance(k, str) for k in options):
         raise InvalidArgument(f"kiln.compile(options={options!r}): keys must be strings",
                               hint="for example options={'autotune': True}")
