@@ -1,25 +1,27 @@
 """kiln's public entry points: `compile` and the escape hatches (mirroring torch.compile)."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
+import json
 import types
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
 
-from kiln.backends import lookup_backend
+from kiln.backends import list_backends, lookup_backend
+from kiln.backends.kiln_backend import kiln_backend
 from kiln.capture import CompileSettings, clear_caches, compile_function, compiling
 from kiln.capture import mutation, rules
 from kiln.capture.module_wrapper import CompiledModule
 from kiln.config import config
 from kiln.errors import InvalidArgument
 from kiln.logs import reset_warnings, warn_once
+from kiln.options import resolve_options
 
 __all__ = ["compile", "disable", "allow_in_graph", "graph_break", "is_compiling", "reset",
            "mark_dynamic", "mark_static"]
-
-_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 def compile(fn_or_module: Any = None, *, backend: str | Callable | None = None,
@@ -28,34 +30,94 @@ def compile(fn_or_module: Any = None, *, backend: str | Callable | None = None,
     """Compile a function or an nn.Module; also usable as `@kiln.compile` or `@kiln.compile(...)`.
 
     Same meaning as torch.compile's arguments. `backend` is a registered name ("eager", ...) or a
-    callable `(gm, example_inputs) -> callable`; the default comes from `kiln.config`."""
+    callable `(gm, example_inputs) -> callable`; the default comes from `kiln.config`. For the
+    kiln backend, `mode` and `options` become one `kiln.options.CompileOptions` here (an unknown
+    key is an error listing the known ones); other backends get them as torch.compile gives
+    them. Every argument is checked here: a wrong type is an `InvalidArgument`."""
+    _check_arguments(backend, mode, fullgraph, dynamic, options, disable)
     if fn_or_module is None:
         return lambda target: compile(target, backend=backend, mode=mode, fullgraph=fullgraph,
                                       dynamic=dynamic, options=options, disable=disable)
-    if mode not in _MODES:
-        raise InvalidArgument(f"unknown mode {mode!r}", hint=f"use one of {_MODES}")
+    backend_obj = backend if backend is not None else config.default_backend
+    backend_fn, resolved = _bind_backend(lookup_backend(backend_obj), mode, options)
     if disable:
         return fn_or_module
     if dynamic:
         warn_once("dynamic-shapes", "kiln: dynamic shapes are not supported yet; shapes are "
                   "specialized and a new shape recompiles")
-    backend_obj = backend if backend is not None else config.default_backend
-    options_key = tuple(sorted((options or {}).items()))
-    backend_fn = _bind_mode(lookup_backend(backend_obj), mode, options_key)
-    settings = CompileSettings(backend_fn, _backend_name(backend_obj), fullgraph, mode,
-                               options_key)
+    settings = CompileSettings(backend_fn, _backend_name(backend_obj), fullgraph, mode, resolved)
     mutation.install()
     if isinstance(fn_or_module, torch.nn.Module):
         return CompiledModule(fn_or_module, settings)
     return _compile_callable(fn_or_module, settings)
 
 
+def _check_arguments(backend: Any, mode: Any, fullgraph: Any, dynamic: Any, options: Any,
+                     disable: Any) -> None:
+    """Types and names of kiln.compile's arguments (a string is not a bool: "no" is truthy)."""
+    for name, value in (("fullgraph", fullgraph), ("disable", disable)):
+        if not isinstance(value, bool):
+            raise InvalidArgument(f"kiln.compile({name}={value!r}): expected True or False, "
+                                  f"got {type(value).__name__}", hint=f"pass {name}=True")
+    if dynamic is not None and not isinstance(dynamic, bool):
+        raise InvalidArgument(f"kiln.compile(dynamic={dynamic!r}): expected None, True or "
+                              f"False, got {type(dynamic).__name__}", hint="leave it None")
+    if backend is not None and not isinstance(backend, str) and not callable(backend):
+        raise InvalidArgument(f"kiln.compile(backend={backend!r}): expected a registered name "
+                              "or a callable(gm, example_inputs)",
+                              hint=f"registered backends: {', '.join(list_backends())}")
+    resolve_options(mode)  # an unknown mode name raises
+    if options is not None and not isinstance(options, Mapping):
+        resolve_options(mode, options)  # a CompileOptions passes; anything else raises
+    if isinstance(options, Mapping) and not all(isinstance(k, str) for k in options):
+        raise InvalidArgument(f"kiln.compile(options={options!r}): keys must be strings",
+                              hint="for example options={'autotune': True}")
+
+
+def _bind_backend(backend: Callable, mode: str | None, options: Any) -> tuple[Callable, Any]:
+    """The backend with its settings bound, and those settings in hashable form. kiln's own
+    backend gets one validated `CompileOptions`; any other gets `mode=` / `options=` as
+    torch.compile hands them to a backend (when it takes them)."""
+    if backend is kiln_backend:
+        resolved = resolve_options(mode, options)
+        return _bind(backend, (("options", resolved),)), resolved
+    raw = _RawOptions.of(options or {})
+    return _bind_mode(backend, mode, raw), raw
+
+
 @functools.lru_cache(maxsize=None)
-def _bind_mode(backend: Callable, mode: str | None, options: tuple) -> Callable:
+def _bind(backend: Callable, kwargs: tuple) -> Callable:
+    """Cached, so equal settings keep one backend object (capture's caches key on it)."""
+    bound = functools.partial(backend, **dict(kwargs))
+    functools.update_wrapper(bound, backend)
+    return bound
+
+
+@dataclasses.dataclass(frozen=True)
+class _RawOptions:
+    """Another backend's `options` dict, hashable (capture's caches key on the settings):
+    equal when their canonical text is equal."""
+
+    text: str
+    value: dict = dataclasses.field(compare=False, hash=False)
+
+    @classmethod
+    def of(cls, options: Mapping) -> _RawOptions:
+        from kiln.runtime.cache import canonical
+
+        value = dict(options)
+        try:
+            text = json.dumps(canonical(value))
+        except TypeError:  # values without a stable text (functions): this dict only
+            text = f"object at {id(value)}"
+        return cls(text, value)
+
+
+@functools.lru_cache(maxsize=None)
+def _bind_mode(backend: Callable, mode: str | None, options: _RawOptions) -> Callable:
     """The backend with `mode=` / `options=` bound when it takes them (as torch.compile hands
-    them to Inductor). Cached, so equal settings keep one backend object (capture's caches key
-    on it). A backend without those parameters gets neither, with a warning."""
-    if mode in (None, "default") and not options:
+    them to a backend). A backend without those parameters gets neither, with a warning."""
+    if mode in (None, "default") and not options.value:
         return backend
     try:
         params = inspect.signature(backend).parameters
@@ -65,14 +127,14 @@ def _bind_mode(backend: Callable, mode: str | None, options: tuple) -> Callable:
     kwargs: dict[str, Any] = {}
     if mode not in (None, "default") and (takes_any or "mode" in params):
         kwargs["mode"] = mode
-    if options and (takes_any or "options" in params):
-        kwargs["options"] = dict(options)
+    if options.value and (takes_any or "options" in params):
+        kwargs["options"] = options.value
     if not kwargs:
         warn_once(("backend-ignores-mode", _backend_name(backend)),
                   f"kiln: backend {_backend_name(backend)!r} takes no mode/options; "
-                  f"mode={mode!r} options={dict(options)!r} are ignored")
+                  f"mode={mode!r} options={options.value!r} are ignored")
         return backend
-    bound = functools.partial(backend, **kwargs)
+    bound = functools.partial(backend, **kwargs)  # cached by _bind_mode itself
     functools.update_wrapper(bound, backend)
     return bound
 

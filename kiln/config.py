@@ -23,13 +23,16 @@ class _Field:
     type: type
     env: str | None
     doc: str
+    minimum: int | None = None  # int fields: the smallest valid value
+    choices: tuple[str, ...] = ()  # str fields: the valid values (empty: any)
 
 
 _FIELDS: dict[str, _Field] = {
     "recompile_limit": _Field(8, int, "KILN_RECOMPILE_LIMIT",
-                              "cache entries per code object before warning once and running eagerly"),
+                              "cache entries per code object before warning once and running eagerly",
+                              minimum=1),
     "accumulated_recompile_limit": _Field(256, int, "KILN_ACCUMULATED_RECOMPILE_LIMIT",
-                                          "cache entries over all code objects"),
+                                          "cache entries over all code objects", minimum=1),
     "debug_dir": _Field(None, str, "KILN_DEBUG_DIR", "dump one folder per compiled graph here"),
     "logs": _Field("", str, "KILN_LOGS", "comma list of log artifacts (see kiln.logs)"),
     "identity_transform": _Field(False, bool, "KILN_IDENTITY_TRANSFORM",
@@ -42,11 +45,13 @@ _FIELDS: dict[str, _Field] = {
     "cpu_codegen": _Field("eager", str, "KILN_CPU_CODEGEN",
                           "the kiln backend on CPU tensors: 'eager' runs the captured graph as "
                           "torch ops; 'triton_interpret' runs the generated Triton kernels in "
-                          "Triton's interpreter (needs TRITON_INTERPRET=1; slow, for tests)"),
+                          "Triton's interpreter (needs TRITON_INTERPRET=1; slow, for tests)",
+                          choices=("eager", "triton_interpret")),
     "inference_attention": _Field("cudnn", str, "KILN_INFERENCE_ATTENTION",
                                   "fused attention kernel for rewritten inference attention on "
                                   "Hopper-class GPUs in fp16/bf16: 'cudnn' or 'flash' (training "
-                                  "always uses flash: its backward is the one kiln emits)"),
+                                  "always uses flash: its backward is the one kiln emits)",
+                                  choices=("cudnn", "flash")),
     "binary_cache": _Field(True, bool, "KILN_BINARY_CACHE",
                            "load kernel binaries compiled by an earlier process directly "
                            "(kiln.runtime.binaries) instead of through triton.compile"),
@@ -68,11 +73,28 @@ def _parse(name: str, field: _Field, raw: str) -> Any:
                               hint="use one of 1/0, true/false, yes/no")
     if field.type is int:
         try:
-            return int(raw.strip())
+            value = int(raw.strip())
         except ValueError:
             raise KilnConfigError(f"{field.env}={raw!r} is not an integer (config.{name})",
                                   hint=f"for example {field.env}={field.default}") from None
-    return raw
+        return check_value(name, value, f"{field.env}={raw!r}")
+    return check_value(name, raw, f"{field.env}={raw!r}")
+
+
+def check_value(name: str, value: Any, what: str | None = None) -> Any:
+    """`value` when it is valid for setting `name` (its minimum, its choices), else a
+    KilnConfigError naming `what` (the environment variable, or `config.<name>`)."""
+    from kiln.errors import KilnConfigError
+
+    field = _FIELDS[name]
+    what = what or f"config.{name}={value!r}"
+    if field.minimum is not None and isinstance(value, int) and value < field.minimum:
+        raise KilnConfigError(f"{what} must be at least {field.minimum}",
+                              hint=f"the default is {field.default}")
+    if field.choices and value not in field.choices:
+        raise KilnConfigError(f"{what} is not one of {field.choices} (config.{name})",
+                              hint=f"use one of {', '.join(field.choices)}")
+    return value
 
 
 class Config:
@@ -95,6 +117,8 @@ class Config:
         if name not in _FIELDS:
             raise AttributeError(f"kiln.config has no setting {name!r}; "
                                  f"valid names: {', '.join(sorted(_FIELDS))}")
+        if _FIELDS[name].minimum is not None:  # choices are checked where they are used
+            check_value(name, value)
         object.__setattr__(self, name, value)
 
     def __getattr__(self, name: str) -> Any:  # only reached for names not in __slots__

@@ -1,4 +1,11 @@
-"""Logging: standard `logging` under the `kiln` logger, silent by default.
+"""Logging: standard `logging` under the `kiln` logger.
+
+Warnings reach users by default, as torch.compile's do: a backend that failed (and the fallback
+taken), the recompile limit, a refused cache folder, capture that fell back to eager, inputs the
+backend cannot compile. They go through `logging`: when the application configured handlers
+(on the root logger or a `kiln` one) those show them; otherwise a handler of kiln's prints them
+to stderr. `KILN_LOGS=-kiln` (or `set_logs("-kiln")`) silences them. Ordinary graph breaks are
+not warnings (`KILN_LOGS=graph_breaks` shows them).
 
 Artifacts (like TORCH_LOGS) are named loggers `kiln.<artifact>` that print to stderr when enabled:
 `KILN_LOGS=graph_breaks,recompiles` (read at import through kiln.config), or `set_logs(...)`.
@@ -30,13 +37,45 @@ ARTIFACTS: tuple[str, ...] = (
     "output_code", "fusion", "perf_hints", "aot_graphs", "bytecode",
 )
 _ALL_ALIASES = {"all", "+kiln"}
+QUIET = "-kiln"  # in KILN_LOGS: no warnings from kiln (errors still raise)
 
 log = logging.getLogger("kiln")
-log.addHandler(logging.NullHandler())
 
 _enabled: set[str] = set()
 _handlers: dict[str, logging.Handler] = {}
 _warned: set[Hashable] = set()
+
+
+class _DefaultWarnings(logging.Handler):
+    """kiln's warnings on stderr unless the application shows them itself: a record also
+    propagates to the application's handlers, so this one stays quiet when there are any (or
+    when an enabled artifact's own handler already printed it)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.setFormatter(logging.Formatter("%(levelname)s [%(name)s] %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not _shown_elsewhere(record, self):
+            sys.stderr.write(self.format(record) + "\n")
+
+    def handleError(self, record: logging.LogRecord) -> None:  # a closed stderr: stay quiet
+        pass
+
+
+def _shown_elsewhere(record: logging.LogRecord, ours: logging.Handler) -> bool:
+    mine = {ours, *_handlers.values()}
+    logger: logging.Logger | None = logging.getLogger(record.name)
+    while logger is not None:
+        if any(h not in mine and not isinstance(h, logging.NullHandler) for h in logger.handlers):
+            return True
+        if not logger.propagate:
+            return False
+        logger = logger.parent  # type: ignore[assignment]
+    return record.name in {f"kiln.{name}" for name in _handlers}
+
+
+log.addHandler(_DefaultWarnings())
 
 
 def artifact_logger(name: str) -> logging.Logger:
@@ -53,7 +92,8 @@ def artifact_enabled(name: str) -> bool:
 def _check(name: str) -> None:
     if name not in ARTIFACTS:
         raise KilnConfigError(f"unknown log artifact {name!r}",
-                              hint=f"valid names: {', '.join(ARTIFACTS)}, or 'all'")
+                              hint=f"valid names: {', '.join(ARTIFACTS)}, or 'all' "
+                                   f"('{QUIET}' silences kiln's warnings)")
 
 
 def _parse(names: tuple[str, ...]) -> set[str]:
@@ -62,7 +102,9 @@ def _parse(names: tuple[str, ...]) -> set[str]:
         for name in (part.strip() for part in raw.split(",")):
             if not name:
                 continue
-            if name in _ALL_ALIASES:
+            if name == QUIET:
+                chosen.add(QUIET)
+            elif name in _ALL_ALIASES:
                 chosen.update(ARTIFACTS)
             else:
                 _check(name)
@@ -72,8 +114,11 @@ def _parse(names: tuple[str, ...]) -> set[str]:
 
 def set_logs(*names: str) -> None:
     """Turn on exactly the artifacts named (each may be a comma list); `set_logs()` turns all off.
-    An enabled artifact's logger gets a stderr handler at INFO and still propagates."""
+    An enabled artifact's logger gets a stderr handler at INFO and still propagates. `-kiln`
+    silences kiln's warnings."""
     chosen = _parse(names)
+    log.setLevel(logging.ERROR if QUIET in chosen else logging.NOTSET)
+    chosen.discard(QUIET)
     for name in _enabled - chosen:
         logger = logging.getLogger(f"kiln.{name}")
         logger.removeHandler(_handlers.pop(name))

@@ -8,14 +8,42 @@ from kiln import logs
 from kiln.errors import KilnConfigError
 
 
-def test_silent_by_default(capsys):
+def test_artifacts_silent_by_default(capsys):
+    """Artifacts print only when enabled. (kiln's warnings do reach stderr by default, when the
+    application configured no logging: tests/test_warnings.py, in a fresh interpreter.)"""
     logs.set_logs()
-    logging.getLogger("kiln").warning("not shown")
-    logs.artifact_logger("recompiles").info("not shown either")
-    logs.artifact_logger("graph_breaks").warning("nor this")
+    logs.artifact_logger("recompiles").info("not shown")
+    logs.artifact_logger("graph_breaks").info("nor this")
     captured = capsys.readouterr()
     assert captured.err == "" and captured.out == ""
     assert not logs.artifact_enabled("recompiles")
+
+
+def test_default_warning_handler_steps_aside_for_application_handlers(capsys, monkeypatch):
+    """With no handler anywhere, a kiln warning goes to stderr; with one on the root logger
+    (pytest's here, an application's in real life) only that handler shows it."""
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [])
+    logging.getLogger("kiln.runtime").warning("shown by kiln")
+    assert capsys.readouterr().err == "WARNING [kiln.runtime] shown by kiln\n"
+    seen = []
+    handler = logging.Handler()
+    handler.emit = seen.append
+    monkeypatch.setattr(root, "handlers", [handler])
+    logging.getLogger("kiln.runtime").warning("shown by the application")
+    assert capsys.readouterr().err == "" and [r.getMessage() for r in seen] == [
+        "shown by the application"]
+
+
+def test_minus_kiln_silences_warnings_but_not_artifacts(capsys, monkeypatch):
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])
+    logs.set_logs("-kiln,recompiles")
+    logging.getLogger("kiln.capture").warning("silenced")
+    logs.artifact_logger("recompiles").info("still shown")
+    assert capsys.readouterr().err == "[kiln:recompiles] still shown\n"
+    logs.set_logs()
+    logging.getLogger("kiln.capture").warning("back")
+    assert capsys.readouterr().err == "WARNING [kiln.capture] back\n"
 
 
 def test_artifact_logger_name():
@@ -53,6 +81,7 @@ def test_unknown_artifact_lists_valid_names():
     text = str(info.value)
     assert "unknown log artifact 'graph_brakes'" in text
     assert "graph_breaks, recompiles, guards" in text
+    assert "('-kiln' silences kiln's warnings)" in text
     with pytest.raises(KilnConfigError, match="unknown log artifact 'x'"):
         logs.artifact_logger("x")
 

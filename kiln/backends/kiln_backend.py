@@ -1,6 +1,6 @@
 """The "kiln" backend: capture → kiln autograd → lower → schedule → Triton codegen → wrapper.
 
-`kiln_backend(gm, example_inputs, mode=None)` has torch.compile's backend contract, so it serves
+`kiln_backend(gm, example_inputs, mode=None, options=None)` has torch.compile's backend contract, so it serves
 both `kiln.compile(fn, backend="kiln")` and `torch.compile(fn, backend="kiln")` (registered
 through the `torch_dynamo_backends` entry point in pyproject.toml). The autograd stage traces the
 captured graph into ATen inference / forward / backward graphs; each is compiled by
@@ -12,6 +12,10 @@ Two shortcuts around the full pipeline:
   logged once at INFO. `cpu_codegen = "triton_interpret"` forces the whole pipeline (tests).
 - Warm start (`config.warm_start`): an inference graph compiled before, in any process, is
   rebuilt from the disk cache before any tracing (`kiln.runtime.warm`).
+
+Inputs the code generator does not handle (complex or other dtypes outside `SUPPORTED_DTYPES`,
+devices other than CUDA and CPU, sparse tensors) make that graph run as torch ops, with one
+warning per kind of input.
 """
 from __future__ import annotations
 
@@ -26,7 +30,8 @@ from kiln.autograd import aot_compile
 from kiln.backends.registry import register_backend
 from kiln.config import config
 from kiln.errors import KilnConfigError, KilnError
-from kiln.logs import info_once
+from kiln.logs import info_once, warn_once
+from kiln.options import CompileOptions, resolve_options
 
 __all__ = ["kiln_backend"]
 
@@ -37,38 +42,47 @@ CPU_CODEGEN = ("eager", "triton_interpret")
 
 @register_backend("kiln")
 def kiln_backend(gm: torch.fx.GraphModule, example_inputs: list, *, mode: str | None = None,
-                 **options: Any) -> Callable[..., Any]:
+                 options: CompileOptions | dict | None = None) -> Callable[..., Any]:
     """Compile a captured graph with kiln's code generator; see the module docstring.
-    `mode="max-autotune"` benchmarks kernel configs; other options are accepted and ignored."""
+    `options` is the `CompileOptions` kiln.compile resolved, or torch.compile's `mode` /
+    `options` dict (resolved here the same way: an unknown key is an error)."""
+    opts = resolve_options(mode, options)
     if _on_cpu(example_inputs) and _cpu_codegen() == "eager":
         info_once("kiln-cpu-eager",
                   "kiln backend: the inputs are CPU tensors, so the graph runs as torch ops "
                   "(generated Triton would need the slow interpreter on CPU); set "
                   "KILN_CPU_CODEGEN=triton_interpret to run the generated kernels anyway", log)
         return gm
+    unsupported = unsupported_input(example_inputs)
+    if unsupported is not None:
+        warn_once(("kiln-unsupported-input", unsupported),
+                  f"kiln backend: a graph input is {unsupported}, which kiln's code generator "
+                  "does not handle; graphs with such inputs run as torch ops (eager)", log)
+        return gm
     if _on_cpu(example_inputs):
         _check_interpreter()
-    return compile_captured(gm, list(example_inputs), mode)
+    _note_unimplemented(opts)
+    return compile_captured(gm, list(example_inputs), opts)
 
 
 def compile_captured(gm: torch.fx.GraphModule, example_inputs: list,
-                     mode: str | None) -> Callable[..., Any]:
+                     options: CompileOptions) -> Callable[..., Any]:
     """The full pipeline, with the warm-start lookup in front on the inference path."""
     from kiln.runtime import warm
 
     key = None
     if config.warm_start and _inference_path(example_inputs):
-        key = warm.graph_key(gm, example_inputs, mode)
-        hit = warm.load(key, lambda args: _cold(gm, args, mode)) if key else None
+        key = warm.graph_key(gm, example_inputs, options)
+        hit = warm.load(key, lambda args: _cold(gm, args, options)) if key else None
         if hit is not None:
             return hit
-    compiled = _cold(gm, example_inputs, mode)
+    compiled = _cold(gm, example_inputs, options)
     if key is not None:
         warm.store(key, compiled)
     return compiled
 
 
-def _cold(gm: torch.fx.GraphModule, example_inputs: list, mode: str | None) -> Any:
+def _cold(gm: torch.fx.GraphModule, example_inputs: list, options: CompileOptions) -> Any:
     start = [time.perf_counter()]
 
     def compiler(kind: str) -> Callable[..., Any]:
@@ -76,7 +90,8 @@ def _cold(gm: torch.fx.GraphModule, example_inputs: list, mode: str | None) -> A
             from kiln.runtime import compile_graph
 
             trace_s = time.perf_counter() - start[0] if kind != "backward" else 0.0
-            return compile_graph(graph, fake_inputs, mode=mode, name=kind, trace_s=trace_s)
+            return compile_graph(graph, fake_inputs, options=options, name=kind,
+                                 trace_s=trace_s)
 
         return compile_one
 
@@ -99,6 +114,35 @@ def rewrite_joint_attention(joint: Any) -> Any:
 
     rewrite_attention(joint.gm)
     return joint
+
+
+# dtypes the lower and codegen stages handle; anything else (complex, quantized, float8, ...)
+# would fail deep inside Triton or the launcher
+SUPPORTED_DTYPES = frozenset({
+    torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.bool,
+    torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8,
+})
+SUPPORTED_DEVICES = ("cuda", "cpu")  # cpu: through Triton's interpreter
+
+
+def unsupported_input(example_inputs: list) -> str | None:
+    """What makes a graph's inputs unsupported by the code generator ("of dtype
+    torch.complex64", "on device meta", "a sparse tensor"), or None when they are fine."""
+    for t in _tensors(example_inputs):
+        if t.dtype not in SUPPORTED_DTYPES:
+            return f"of dtype {t.dtype}"
+        if t.device.type not in SUPPORTED_DEVICES:
+            return f"on device {t.device.type}"
+        if t.layout is not torch.strided:
+            return f"a {t.layout} tensor"
+    return None
+
+
+def _note_unimplemented(options: CompileOptions) -> None:
+    if options.cudagraphs:
+        warn_once("kiln-cudagraphs",
+                  f"kiln backend: mode={options.mode!r} asks for CUDA graphs, which kiln does "
+                  "not record yet; kernels launch one by one", log)
 
 
 def _tensors(example_inputs: list) -> list[torch.Tensor]:

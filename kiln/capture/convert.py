@@ -141,10 +141,14 @@ class CompiledFunction:
             return False
         if not cache.warned_limit:
             cache.warned_limit = True
+            limit = (f"recompile limit ({config.recompile_limit}, KILN_RECOMPILE_LIMIT)"
+                     if same >= config.recompile_limit else
+                     f"accumulated recompile limit ({config.accumulated_recompile_limit}, "
+                     "KILN_ACCUMULATED_RECOMPILE_LIMIT)")
             warn_once(("recompile-limit", cache.code),
                       f"kiln: {cache.code.co_qualname} ({UserLocation.from_code(cache.code).short()}) "
-                      f"hit the recompile limit ({config.recompile_limit}); new inputs run "
-                      "eagerly. Set KILN_LOGS=recompiles to see why it recompiled.")
+                      f"hit the {limit}; new inputs run eagerly. Set KILN_LOGS=recompiles to "
+                      "see why it recompiled.")
         return True
 
     def _compile(self, f_locals: dict[str, Any]) -> Callable:
@@ -319,6 +323,12 @@ def _call_backend(settings: CompileSettings, entry_code: Any, code: types.CodeTy
         return settings.backend(entry_code.gm, entry_code.example_inputs)
     except Exception as err:
         if config.suppress_errors and not settings.fullgraph:
+            where = UserLocation.from_code(code).short()
+            warn_once(("backend-failed", settings.backend_name, code),
+                      f"kiln: backend {settings.backend_name!r} failed on a graph of "
+                      f"{code.co_qualname} ({where}): {type(err).__name__}: {err}. "
+                      "Falling back: that function runs eagerly (the functions it calls are "
+                      "still compiled). Set KILN_SUPPRESS_ERRORS=0 to raise instead.", _log)
             raise Unsupported("backend-failed", f"backend {settings.backend_name!r} failed: "
                               f"{type(err).__name__}: {err}", category="not-supported-yet",
                               hints=("try backend='eager' to check capture alone",)) from err

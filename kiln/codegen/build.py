@@ -2,8 +2,8 @@
 
 `triton.jit` reads the function's source file, so `compile_kernel` writes `spec.source` to
 `<cache dir>/<spec.name>_<spec.key>.py` (`KILN_CODEGEN_CACHE_DIR`, default
-`<kiln cache_root()>/kernels`), imports it under a module name made of the same two parts and
-returns the `JITFunction`, memoized per key in the process. Names and files depend only on the
+`<kiln cache_root()>/kernels`), runs `spec.source` (from memory, never the file) as a module
+named after the same two parts and returns the `JITFunction`, memoized per key in the process. Names and files depend only on the
 source text (deterministic across processes) and a lock makes concurrent calls from compile
 threads import each module once. Triton compiles the binary later, on the first launch or a
 `warmup` (`kiln.runtime.launcher.build_launchers` does that in parallel).
@@ -18,10 +18,12 @@ On a machine without CUDA, set `TRITON_INTERPRET=1` before triton is imported
 """
 from __future__ import annotations
 
-import importlib.util
+import linecache
+import logging
 import os
 import sys
 import threading
+import types
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -31,18 +33,23 @@ from kiln.codegen.kernel import KernelSpec, emit_kernel
 
 __all__ = ["cache_dir", "compile_kernel", "launch", "run_graph"]
 
+log = logging.getLogger("kiln.codegen")
+
 _compiled: dict[str, Any] = {}
 _compile_lock = threading.Lock()
 
 
 def cache_dir() -> Path:
+    """Where kernel sources are written: `KILN_CODEGEN_CACHE_DIR`, else `<cache_root()>/kernels`
+    (a folder another user owns or may write is refused, as the cache root is)."""
+    from kiln.runtime.cache import cache_root, make_private_dir, trusted_folder
+
     path = os.environ.get("KILN_CODEGEN_CACHE_DIR")
     if path:
-        out = Path(path)
-    else:
-        from kiln.runtime.cache import cache_root
-        out = cache_root() / "kernels"
-    out.mkdir(parents=True, exist_ok=True)
+        return trusted_folder(Path(path), "kernel source folder (KILN_CODEGEN_CACHE_DIR)",
+                              "point KILN_CODEGEN_CACHE_DIR at a folder of your own")
+    out = cache_root() / "kernels"
+    make_private_dir(out)
     return out
 
 
@@ -59,19 +66,47 @@ def compile_kernel(spec: KernelSpec) -> Any:
 
 
 def _import_kernel(spec: KernelSpec) -> Any:
+    """Run `spec.source` as a module whose file is `<cache dir>/<name>_<key>.py`.
+
+    The code run is `spec.source` itself, compiled from memory: never the file's text and never
+    a `__pycache__` file, which whoever can write the folder could have replaced. The source is
+    registered with linecache under the file's name, so `triton.jit` (which reads its function's
+    source through `inspect`) sees the same text."""
+    if not spec.name.isidentifier():  # it names a file and a module
+        raise ValueError(f"kernel names are identifiers, got {spec.name!r}")
     key = spec.key
     path = cache_dir() / f"{spec.name}_{key}.py"
-    if not path.exists() or path.read_text() != spec.source:
-        tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_text(spec.source)
-        os.replace(tmp, path)  # atomic: concurrent processes never import a partial file
+    _write_source(path, spec.source)
     mod_name = f"kiln_codegen_{spec.name}_{key}"
-    module_spec = importlib.util.spec_from_file_location(mod_name, path)
-    assert module_spec is not None and module_spec.loader is not None
-    module = importlib.util.module_from_spec(module_spec)
+    filename = str(path)
+    linecache.cache[filename] = (len(spec.source), None, spec.source.splitlines(True), filename)
+    module = types.ModuleType(mod_name)
+    module.__file__ = filename
     sys.modules[mod_name] = module  # triton resolves globals through the module
-    module_spec.loader.exec_module(module)
+    try:
+        exec(compile(spec.source, filename, "exec"), module.__dict__)
+    except BaseException:
+        del sys.modules[mod_name]
+        raise
     return getattr(module, spec.name)
+
+
+def _write_source(path: Path, source: str) -> None:
+    """The file is for readers and tracebacks (nothing executes it): rewrite it when it differs."""
+    try:
+        if path.read_bytes() == source.encode():
+            return
+    except OSError:
+        pass
+    tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as file:
+            file.write(source)
+        os.replace(tmp, path)  # atomic: a concurrent reader never sees a partial file
+    except OSError as exc:  # a full disk costs the readable copy, never the kernel
+        log.debug("codegen: kernel source not written to %s: %s", path, exc)
+        tmp.unlink(missing_ok=True)
 
 
 def _storage(t: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,8 @@ the binary (Triton's cache hash and kernel name) and the argument signature the 
 A later process with the same key loads the stored binary directly
 (`CompiledKernel(src, metadata_group, hash)`: Triton's own loading route, minus the compile).
 
-Anything unexpected — a missing or foreign entry, a Triton without these internals, a binary
+Entries are verified like every `DiskCache` entry (content hash, owner, modes) and by shape.
+Anything unexpected — a missing, malformed or foreign entry, a Triton without these internals, a binary
 deleted from Triton's cache — reads as a miss and the kernel compiles as before.
 """
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch
 from kiln.config import config
 from kiln.runtime.cache import DiskCache, cache_key, versions
 
-__all__ = ["STATS", "binary_key", "recall", "remember"]
+__all__ = ["STATS", "binary_key", "recall", "remember", "well_formed"]
 
 log = logging.getLogger("kiln.runtime")
 
@@ -69,6 +70,9 @@ def recall(launcher: Any, dtypes: Sequence[torch.dtype]) -> Any | None:
     if not config.binary_cache:
         return None
     entry = DiskCache(NAMESPACE).get(binary_key(launcher, dtypes))
+    if entry is not None and not well_formed(entry):
+        log.debug("binaries: ignoring a malformed entry for %s", launcher.name)
+        entry = None
     if entry is None:
         STATS["misses"] += 1
         return None
@@ -82,6 +86,21 @@ def recall(launcher: Any, dtypes: Sequence[torch.dtype]) -> Any | None:
         return None
     STATS["recalled"] += 1
     return kernel
+
+
+def well_formed(entry: dict) -> bool:
+    """Whether `entry` has the shape `remember` writes. Its `hash` names a folder of Triton's
+    cache, so it must be a plain name (never a path)."""
+    plain_name = isinstance(entry.get("hash"), str) and entry["hash"].isalnum()
+    signature, constants = entry.get("signature"), entry.get("constants")
+    return (plain_name and isinstance(entry.get("name"), str)
+            and isinstance(signature, list) and all(
+                isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p)
+                for p in signature)
+            and isinstance(constants, list) and all(
+                isinstance(c, list) and len(c) == 2 and isinstance(c[0], list)
+                and all(type(i) is int for i in c[0]) and isinstance(c[1], _PLAIN)
+                for c in constants))
 
 
 def _load(fn: Any, entry: dict) -> Any | None:

@@ -8,15 +8,20 @@
 - `versions()`: kiln, torch, triton, Python, CUDA and device name: part of every key whose value
   depends on the toolchain.
 - `DiskCache(namespace)`: `get(key) -> dict | None`, `put(key, payload)`; one JSON file per key
-  under `cache_root()/<namespace>/`. Writes go to a temporary file renamed into place
-  (`os.replace` is atomic), so readers never see a partial entry and need no lock; an entry that
-  does not parse, or belongs to another key or schema, reads as a miss (debug log).
-- `cache_root()`: `$KILN_CACHE_DIR`, else `$XDG_CACHE_HOME/kiln`, else `~/.cache/kiln` (a
-  temporary folder if that cannot be created). `configure_triton_cache()` points Triton's binary
-  cache (`TRITON_CACHE_DIR`) at `cache_root()/triton` unless the user set it.
+  under `cache_root()/<namespace>/`, carrying a sha256 of its content. Writes go to a temporary
+  file (mode 0600) renamed into place (`os.replace` is atomic), so readers never see a partial
+  entry and need no lock; an entry that does not decode, belongs to another key, namespace or
+  schema, fails its hash or is not private to this user reads as a miss (debug log) and the
+  next `put` replaces it.
+- `cache_root()`: `$KILN_CACHE_DIR`, else `$XDG_CACHE_HOME/kiln`, else `~/.cache/kiln`, created
+  0700. A root that another user owns, that group/others may write or that cannot be created
+  is refused with one warning; the process then caches in a private `mkdtemp` folder.
+  `configure_triton_cache()` points Triton's binary cache (`TRITON_CACHE_DIR`) at
+  `cache_root()/triton` unless the user set it. Threat model: docs/caching.md.
 """
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import enum
 import functools
@@ -26,6 +31,8 @@ import logging
 import math
 import os
 import platform
+import shutil
+import stat
 import tempfile
 import threading
 from pathlib import Path, PurePath
@@ -33,19 +40,27 @@ from typing import Any
 
 import torch
 
+from kiln.logs import warn_once
+
 __all__ = [
+    "CorruptEntry",
     "DiskCache",
     "cache_key",
     "cache_root",
     "canonical",
     "configure_triton_cache",
+    "entry_hash",
+    "folder_problem",
+    "make_private_dir",
+    "private_root",
     "tensor_meta",
+    "trusted_folder",
     "versions",
 ]
 
 log = logging.getLogger("kiln.runtime")
 
-SCHEMA = 1  # bump when the meaning of a key or a payload changes: old entries then miss
+SCHEMA = 2  # bump when the meaning of a key or a payload changes: old entries then miss
 
 # ---------------------------------------------------------------------------------------------
 # canonical serialization
@@ -154,7 +169,7 @@ def _triton_version() -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# the cache folder
+# the cache folder: private to its user (see docs/caching.md, "Threat model")
 
 
 def _default_root() -> Path:
@@ -167,18 +182,93 @@ def _default_root() -> Path:
 
 
 def cache_root() -> Path:
-    """The folder holding kiln's caches (created). Read from the environment on every call, so
-    a changed `KILN_CACHE_DIR` takes effect at once."""
-    root = _default_root()
+    """The folder holding kiln's caches (created with mode 0700). Read from the environment on
+    every call, so a changed `KILN_CACHE_DIR` takes effect at once.
+
+    Whoever can write this folder can make kiln run code (entries hold wrapper and kernel
+    sources; Triton's binaries live under it), so a folder that belongs to another user or that
+    group or others may write is refused: one warning names it and the fix, and this process
+    caches in a private temporary folder instead (never a shared, predictable one)."""
+    return trusted_folder(_default_root(), "cache folder",
+                          "set KILN_CACHE_DIR to a folder of your own, or delete this one "
+                          "(kiln recreates it with mode 0700)")
+
+
+def trusted_folder(path: Path, what: str, fix: str) -> Path:
+    """`path` (created private if missing) when it is safe to read code from, else this
+    process's private temporary folder, after one warning naming `path`, the reason and `fix`."""
     try:
-        root.mkdir(parents=True, exist_ok=True)
+        make_private_dir(path)
     except OSError as exc:
-        uid = os.getuid() if hasattr(os, "getuid") else "user"
-        fallback = Path(tempfile.gettempdir()) / f"kiln-cache-{uid}"
-        log.debug("cache: cannot create %s (%s); using %s", root, exc, fallback)
-        fallback.mkdir(parents=True, exist_ok=True)
-        root = fallback
-    return root
+        return _refuse(path, what, f"it cannot be created ({exc.strerror or exc})", fix)
+    problem = folder_problem(path)
+    if problem is None and not os.access(path, os.W_OK | os.X_OK):
+        problem = "it is not writable"
+    if problem is not None:
+        return _refuse(path, what, problem, fix)
+    return path
+
+
+def make_private_dir(path: Path) -> None:
+    """Create `path` and any missing parents; the folders created here get mode 0700."""
+    missing = []
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        missing.append(probe)
+        probe = probe.parent
+    for folder in reversed(missing):
+        try:
+            folder.mkdir(mode=0o700)
+        except FileExistsError:  # a concurrent process made it: checked like any other
+            continue
+
+
+def folder_problem(path: Path) -> str | None:
+    """Why the existing folder `path` must not be trusted (None: it is safe): it is not a
+    folder, it belongs to another user, or group or others may write it."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        return f"it cannot be read ({exc.strerror or exc})"
+    return _mode_problem(st, "folder")
+
+
+def _mode_problem(st: os.stat_result, kind: str) -> str | None:
+    if kind == "folder" and not stat.S_ISDIR(st.st_mode):
+        return "it is not a folder"
+    if kind == "file" and not stat.S_ISREG(st.st_mode):
+        return "it is not a regular file"
+    if not hasattr(os, "getuid"):  # no POSIX owners (Windows): nothing to compare
+        return None
+    if st.st_uid != os.getuid():
+        return f"it belongs to uid {st.st_uid}, not to you (uid {os.getuid()})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        who = " and ".join(w for w, bit in (("group", stat.S_IWGRP), ("others", stat.S_IWOTH))
+                           if st.st_mode & bit)
+        return f"{who} may write it (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
+def _refuse(path: Path, what: str, problem: str, fix: str) -> Path:
+    private = private_root()
+    warn_once(("cache-refused", str(path), problem),
+              f"kiln: not using the {what} {path}: {problem}. This process caches in the "
+              f"private folder {private} instead (nothing is reused across processes). "
+              f"Fix: {fix}.", log)
+    return private
+
+
+_private: list[Path] = []
+
+
+def private_root() -> Path:
+    """A fresh folder only this process uses (mkdtemp: mode 0700, unpredictable name), removed
+    at exit."""
+    if not _private:
+        path = Path(tempfile.mkdtemp(prefix="kiln-private-"))
+        atexit.register(shutil.rmtree, path, ignore_errors=True)
+        _private.append(path)
+    return _private[0]
 
 
 _triton_dir_we_set: str | None = None
@@ -201,11 +291,19 @@ def configure_triton_cache() -> str:
 # JSON entries on disk
 
 
+class CorruptEntry(Exception):
+    """Why an entry on disk reads as a miss (logged at debug; the next `put` replaces it)."""
+
+
 class DiskCache:
     """JSON payloads by key under `cache_root()/<namespace>/<key[:2]>/<key>.json`.
 
-    Entries carry the schema and their key; anything else (a torn file from a crashed writer of
-    an older kiln, a hand edit) reads as a miss. `put` writes atomically; last writer wins."""
+    An entry is `{"schema", "namespace", "key", "sha256", "payload"}`; `sha256` covers the
+    other four (the payload canonically: sorted keys, so every field and every kernel source in
+    it). Anything else reads as a miss: bytes that are not UTF-8 JSON, another schema, key or
+    namespace, a hash mismatch (a torn write, a hand edit, a flipped bit), a file or folder that
+    another user owns or that group/others may write. `put` writes atomically (mode 0600); the
+    last writer wins."""
 
     def __init__(self, namespace: str):
         if not namespace or not namespace.replace("_", "").replace("-", "").isalnum():
@@ -224,37 +322,80 @@ class DiskCache:
     def get(self, key: str) -> dict | None:
         path = self.path(key)
         try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
+            data = _read_private(path)
+            if data is None:
+                return None
+            return self._payload(key, data)
+        except CorruptEntry as why:
+            log.debug("cache %s: ignoring entry %s: %s", self.namespace, path, why)
             return None
-        except OSError as exc:
-            log.debug("cache %s: cannot read %s: %s", self.namespace, path, exc)
-            return None
+
+    def _payload(self, key: str, data: bytes) -> dict:
         try:
-            entry = json.loads(text)
-        except ValueError as exc:
-            log.debug("cache %s: ignoring corrupt entry %s: %s", self.namespace, path, exc)
-            return None
-        if (not isinstance(entry, dict) or entry.get("schema") != SCHEMA
-                or entry.get("key") != key or not isinstance(entry.get("payload"), dict)):
-            log.debug("cache %s: ignoring entry %s (other schema, key or shape)",
-                      self.namespace, path)
-            return None
+            entry = json.loads(data.decode("utf-8"))
+        except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+            raise CorruptEntry(f"not UTF-8 JSON ({type(exc).__name__}: {exc})") from None
+        if not isinstance(entry, dict) or not isinstance(entry.get("payload"), dict):
+            raise CorruptEntry("not an entry object")
+        if (entry.get("schema"), entry.get("namespace"), entry.get("key")) != \
+                (SCHEMA, self.namespace, key):
+            raise CorruptEntry("other schema, namespace or key")
+        if entry.get("sha256") != entry_hash(self.namespace, key, entry["payload"]):
+            raise CorruptEntry("content hash mismatch")
         return entry["payload"]
 
     def put(self, key: str, payload: dict) -> Path:
         """Store `payload` (JSON-serializable; checked before anything touches the disk)."""
         if not isinstance(payload, dict):
             raise TypeError(f"DiskCache payloads are dicts, got {type(payload).__name__}")
-        text = json.dumps({"schema": SCHEMA, "key": key, "payload": payload},
-                          sort_keys=True, indent=1, allow_nan=False)
+        # the stored form (tuples → lists, keys → strings) is what the hash is computed over
+        plain = json.loads(json.dumps(payload, allow_nan=False))
+        entry = {"schema": SCHEMA, "namespace": self.namespace, "key": key,
+                 "sha256": entry_hash(self.namespace, key, plain), "payload": plain}
+        text = json.dumps(entry, sort_keys=True, indent=1, allow_nan=False)
         path = self.path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        try:
-            tmp.write_text(text, encoding="utf-8")
-            os.replace(tmp, path)  # atomic within one file system
-        finally:
-            if tmp.exists():
-                tmp.unlink()
+        make_private_dir(path.parent)
+        _write_private(path, text.encode("utf-8"))
         return path
+
+
+def entry_hash(namespace: str, key: str, payload: dict) -> str:
+    """sha256 over an entry's schema, namespace, key and canonical payload."""
+    text = json.dumps(["kiln-entry", SCHEMA, namespace, key, payload], sort_keys=True,
+                      separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    return hashlib.sha256(text.encode("ascii")).hexdigest()
+
+
+def _read_private(path: Path) -> bytes | None:
+    """The bytes of the entry at `path`, None when there is none; raises `CorruptEntry` when
+    the file or a folder above it (up to the cache root) is not private to this user."""
+    for folder in (path.parent, path.parent.parent):
+        problem = folder_problem(folder) if folder.exists() else None
+        if problem is not None:
+            raise CorruptEntry(f"its folder {folder}: {problem}")
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise CorruptEntry(f"cannot open it ({exc.strerror or exc})") from None
+    with os.fdopen(fd, "rb") as file:
+        problem = _mode_problem(os.fstat(file.fileno()), "file")
+        if problem is not None:
+            raise CorruptEntry(problem)
+        return file.read()
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """Write `data` to `path` atomically (a temporary file renamed into place), mode 0600."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0),
+                     0o600)
+        with os.fdopen(fd, "wb") as file:
+            file.write(data)
+        os.replace(tmp, path)  # atomic within one file system
+    finally:
+        if tmp.exists():
+            tmp.unlink()

@@ -3,7 +3,7 @@
     lower            kiln.lower.lower_graph                → IRGraph
     schedule         kiln.schedule.schedule (fusion)       → Schedule (steps in order)
     codegen          kiln.codegen.emit_group per group     → KernelSpec per FusedGroup
-    autotune         max-autotune only: best config each   → KernelSpec per FusedGroup
+    autotune         options.autotune: best config each    → KernelSpec per FusedGroup
     compile_kernels  kiln.runtime.launcher.build_launchers → one pre-bound launcher per kernel
     wrapper          kiln.runtime.wrapper                  → Python source of call(args), exec'd
 
@@ -22,6 +22,7 @@ import torch
 
 from kiln.codegen import candidate_configs, emit_group
 from kiln.lower import lower_graph
+from kiln.options import CompileOptions, resolve_options
 from kiln.schedule import schedule as schedule_ir
 from kiln.runtime.launcher import stage_timer
 from kiln.runtime.wrapper import WrapperCode, generate_wrapper, load_wrapper
@@ -31,7 +32,7 @@ __all__ = ["CompiledArtifact", "build_kernel_launchers", "compile_graph"]
 log = logging.getLogger("kiln.runtime")
 
 STAGES = ("trace", "lower", "schedule", "codegen", "autotune", "compile_kernels", "total")
-AUTOTUNE_BUDGET_S = 2.0  # per kernel, for mode="max-autotune"
+AUTOTUNE_BUDGET_S = CompileOptions.autotune_budget_s  # per kernel, under options.autotune
 
 
 @dataclasses.dataclass(eq=False)
@@ -69,11 +70,13 @@ class CompiledArtifact:
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
-                  mode: str | None = None, name: str = "graph",
-                  trace_s: float = 0.0) -> CompiledArtifact:
+                  options: CompileOptions | None = None, mode: str | None = None,
+                  name: str = "graph", trace_s: float = 0.0) -> CompiledArtifact:
     """Compile a functional ATen graph (the autograd stage's inference/forward/backward graph)
-    into a callable artifact; see the module docstring. `trace_s` is the time the caller spent
-    producing `gm` (reported as the "trace" stage)."""
+    into a callable artifact; see the module docstring. `options`: the `CompileOptions` the
+    backend was given (`mode=` alone is resolved the same way, for direct callers). `trace_s`
+    is the time the caller spent producing `gm` (reported as the "trace" stage)."""
+    options = resolve_options(mode, options)
     timings = {stage: 0.0 for stage in STAGES}
     timings["trace"] = trace_s
     with stage_timer(timings, "lower"):
@@ -83,9 +86,9 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
     graph = schedule.graph  # elision / splits / layout changes live in the schedule's copy
     with stage_timer(timings, "codegen"):
         specs = {group.name: emit_group(group, graph) for group in schedule.groups}
-    if mode == "max-autotune":
+    if options.autotune:
         with stage_timer(timings, "autotune"):
-            specs = autotune_groups(schedule, specs)
+            specs = autotune_groups(schedule, specs, options.autotune_budget_s)
     with stage_timer(timings, "compile_kernels"):
         dtypes = {name: buf.dtype for name, buf in graph.buffers.items()}
         launchers = build_kernel_launchers(list(specs.values()), dtypes)
@@ -117,9 +120,10 @@ def build_kernel_launchers(specs: list[Any], dtypes: dict[str, torch.dtype] | No
     return dict(zip(names, build_launchers(specs, dtypes=dtypes)))
 
 
-def autotune_groups(schedule: Any, specs: dict[str, Any]) -> dict[str, Any]:
-    """mode="max-autotune": each group's fastest config among `candidate_configs` (benchmarked
-    on random inputs of the buffers' layouts by `kiln.runtime.autotune`)."""
+def autotune_groups(schedule: Any, specs: dict[str, Any],
+                    budget_s: float = AUTOTUNE_BUDGET_S) -> dict[str, Any]:
+    """options.autotune: each group's fastest config among `candidate_configs` (benchmarked
+    on random inputs of the buffers' layouts by `kiln.runtime.autotune`, `budget_s` each)."""
     from kiln.runtime.autotune import autotune
 
     graph = schedule.graph
@@ -130,7 +134,7 @@ def autotune_groups(schedule: Any, specs: dict[str, Any]) -> dict[str, Any]:
             continue
         candidates = [emit_group(group, graph, config) for config in configs]
         tuned[group.name] = autotune(candidates, _arg_maker(graph, candidates[0]),
-                                     AUTOTUNE_BUDGET_S)
+                                     budget_s)
     return tuned
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import importlib
 import logging
 from pathlib import Path
 from typing import Any, Callable
@@ -30,7 +29,7 @@ from kiln.runtime.cache import DiskCache, cache_key, tensor_meta, versions
 from kiln.runtime.pipeline import CompiledArtifact, build_kernel_launchers
 from kiln.runtime.wrapper import WrapperCode, load_wrapper
 
-__all__ = ["STATS", "WarmGraph", "graph_key", "load", "store"]
+__all__ = ["STATS", "WarmGraph", "check_payload", "graph_key", "load", "store"]
 
 log = logging.getLogger("kiln.runtime")
 
@@ -43,9 +42,14 @@ class NotCacheable(Exception):
     """Why a graph or artifact is not stored (logged at debug)."""
 
 
+class SchemaError(Exception):
+    """Why a stored payload does not have the shape `_payload` writes (a miss, logged at debug;
+    the entry is rewritten by the cold compile that follows)."""
+
+
 # -- the key ---------------------------------------------------------------------------------------
 
-def graph_key(gm: torch.fx.GraphModule, example_inputs: list, mode: str | None) -> str | None:
+def graph_key(gm: torch.fx.GraphModule, example_inputs: list, options: Any) -> str | None:
     """The cache key of a captured graph, or None when the graph cannot be stored."""
     try:
         _check_graph(gm, example_inputs)
@@ -53,7 +57,7 @@ def graph_key(gm: torch.fx.GraphModule, example_inputs: list, mode: str | None) 
         log.debug("warm start: not cached: %s", why)
         return None
     settings = {k: v for k, v in config.to_dict().items() if k not in ("debug_dir", "logs")}
-    return cache_key("kiln-graph", gm.code, [tensor_meta(t) for t in example_inputs], mode,
+    return cache_key("kiln-graph", gm.code, [tensor_meta(t) for t in example_inputs], options,
                      settings, versions(), _source_fingerprint())
 
 
@@ -170,8 +174,10 @@ def _plain_json(value: Any) -> Any:
     if isinstance(value, (tuple, list)):
         return [_plain_json(v) for v in value]
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        kind = type(value).__qualname__
+        if _record_types().get(kind) is not type(value):
+            raise NotCacheable(f"kernel spec value of type {kind} (not a stored record type)")
         fields = {f.name: _plain_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
-        kind = f"{type(value).__module__}:{type(value).__qualname__}"
         return {"__dataclass__": kind, "fields": fields}
     if isinstance(value, dict):
         return {"__dict__": [[_plain_json(k), _plain_json(v)] for k, v in value.items()]}
@@ -188,6 +194,7 @@ def load(key: str, cold: Callable[[list], Any]) -> WarmGraph | None:
         STATS["misses"] += 1
         return None
     try:
+        check_payload(payload)
         artifact = _artifact(payload)
         epilogue = _epilogue(payload["outputs"], payload["structure"])
     except Exception as err:  # a stale or foreign entry must never break compilation
@@ -199,9 +206,116 @@ def load(key: str, cold: Callable[[list], Any]) -> WarmGraph | None:
     return WarmGraph(artifact, epilogue, cold)
 
 
+# -- the payload's schema: checked whole before any of it is used ----------------------------------
+
+_DTYPES = {str(v).removeprefix("torch."): v for v in vars(torch).values()
+           if isinstance(v, torch.dtype)}
+_OUTPUT_KINDS = ("tensor", "input", "input_view", "duplicate", "constant")
+
+
+def check_payload(payload: Any) -> None:
+    """Raise `SchemaError` unless `payload` has the shape `_payload` writes: every field of the
+    right type, kernel names that are identifiers, known dtypes and output kinds, structure
+    leaves that name outputs. (The entry's hash already rules out edits; this keeps a payload
+    of another shape from failing later, inside a user's call.)"""
+    _expect(isinstance(payload, dict), "the payload is not an object")
+    for field, kind in (("name", str), ("wrapper", str), ("launch_order", list),
+                        ("externs", int), ("kernels", list), ("dtypes", dict),
+                        ("outputs", list), ("structure", dict)):
+        _expect(isinstance(payload.get(field), kind), f"{field} is not a {kind.__name__}")
+    names = {_check_kernel(kernel) for kernel in payload["kernels"]}
+    _expect(all(name in names for name in payload["launch_order"]),
+            "launch_order names a kernel the entry does not hold")
+    _expect(all(text in _DTYPES for text in payload["dtypes"].values()), "unknown dtype")
+    for position, output in enumerate(payload["outputs"]):
+        _check_output(output, position)
+    _check_structure(payload["structure"], len(payload["outputs"]))
+
+
+def _expect(condition: bool, why: str) -> None:
+    if not condition:
+        raise SchemaError(why)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _strings(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+_KERNEL_FIELDS: dict[str, Callable[[Any], bool]] = {
+    "name": lambda v: isinstance(v, str) and v.isidentifier(),
+    "source": lambda v: isinstance(v, str),
+    "args": _strings, "arg_names": _strings, "reads": _strings, "writes": _strings,
+    "members": _strings,
+    "meta": lambda v: isinstance(v, list) and all(
+        isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) and _is_int(p[1])
+        for p in v),
+    "num_warps": _is_int, "num_stages": _is_int, "numel": _is_int, "rnumel": _is_int,
+    "grid": lambda v: isinstance(v, list) and 1 <= len(v) <= 3 and all(
+        _is_int(g) and g >= 0 for g in v),
+    "kind": lambda v: isinstance(v, str), "reduction_class": lambda v: isinstance(v, str),
+    "origins": lambda v: isinstance(v, list) and all(
+        isinstance(o, list) and len(o) == 3 and isinstance(o[0], str) and isinstance(o[1], str)
+        and isinstance(o[2], (str, type(None))) for o in v),
+    "config": lambda v: v is None or (isinstance(v, dict)
+                                      and v.get("__dataclass__") in _record_types()),
+}
+
+
+def _check_kernel(data: Any) -> str:
+    _expect(isinstance(data, dict), "a kernel is not an object")
+    _expect(set(data) == set(_KERNEL_FIELDS), "a kernel has other fields than KernelSpec")
+    for field, valid in _KERNEL_FIELDS.items():
+        _expect(valid(data[field]), f"kernel field {field} has the wrong type")
+    return data["name"]
+
+
+def _check_output(output: Any, position: int) -> None:
+    _expect(isinstance(output, dict) and output.get("kind") in _OUTPUT_KINDS,
+            "an output of unknown kind")
+    index = output.get("index")
+    if output["kind"] in ("input", "input_view", "duplicate"):
+        _expect(_is_int(index) and index >= 0, "an output index is not a natural number")
+    if output["kind"] == "duplicate":
+        _expect(index < position, "a duplicate output refers forward")
+    if output["kind"] == "input_view":
+        view = output.get("view")
+        _expect(isinstance(view, list) and len(view) == 3 and _ints(view[0])
+                and _ints(view[1]) and _is_int(view[2]), "a malformed input view")
+    if output["kind"] == "constant":
+        _expect(isinstance(output.get("value"), (int, float, bool, str, type(None))),
+                "a constant output that is not a plain value")
+
+
+def _ints(value: Any) -> bool:
+    return isinstance(value, list) and all(_is_int(v) for v in value)
+
+
+def _check_structure(tree: Any, outputs: int) -> None:
+    _expect(isinstance(tree, dict) and len(tree) == 1, "a malformed output structure")
+    (kind, body), = tree.items()
+    if kind == "leaf":
+        _expect(_is_int(body) and 0 <= body < outputs, "a structure leaf names no output")
+    elif kind == "none":
+        _expect(body is True, "a malformed output structure")
+    elif kind in ("tuple", "list"):
+        _expect(isinstance(body, list), "a malformed output structure")
+        for item in body:
+            _check_structure(item, outputs)
+    else:
+        _expect(kind == "dict" and isinstance(body, list), "a malformed output structure")
+        for item in body:
+            _expect(isinstance(item, list) and len(item) == 2 and isinstance(item[0], str),
+                    "a malformed output structure")
+            _check_structure(item[1], outputs)
+
+
 def _artifact(payload: dict) -> CompiledArtifact:
     specs = [_spec_from_json(s) for s in payload["kernels"]]
-    dtypes = {name: getattr(torch, text) for name, text in payload["dtypes"].items()}
+    dtypes = {name: _DTYPES[text] for name, text in payload["dtypes"].items()}
     launchers = build_kernel_launchers(specs, dtypes)
     code = WrapperCode(payload["wrapper"], tuple(payload["launch_order"]), payload["externs"])
     call = load_wrapper(code.source, launchers, {}, payload["name"])
@@ -238,12 +352,22 @@ def _spec_from_json(data: dict) -> Any:
     return KernelSpec(**kwargs)
 
 
+@functools.lru_cache(maxsize=None)
+def _record_types() -> dict[str, type]:
+    """The only classes a stored entry may rebuild, by name: an entry is data, and a name in it
+    never picks what code runs (an importable "module:callable" would)."""
+    from kiln.codegen.config import KernelConfig
+
+    return {cls.__qualname__: cls for cls in (KernelConfig,)}
+
+
 def _plain_from_json(value: Any) -> Any:
     if isinstance(value, list):
         return tuple(_plain_from_json(v) for v in value)
     if isinstance(value, dict) and "__dataclass__" in value:
-        module, _, qualname = value["__dataclass__"].partition(":")
-        cls = functools.reduce(getattr, qualname.split("."), importlib.import_module(module))
+        cls = _record_types().get(value["__dataclass__"])
+        if cls is None or not isinstance(value.get("fields"), dict):
+            raise SchemaError(f"unknown record type {value['__dataclass__']!r}")
         return cls(**{k: _plain_from_json(v) for k, v in value["fields"].items()})
     if isinstance(value, dict) and "__dict__" in value:
         return {_plain_from_json(k): _plain_from_json(v) for k, v in value["__dict__"]}

@@ -1,0 +1,105 @@
+"""options: `kiln.compile`'s `mode` and `options`, resolved once into a typed `CompileOptions`.
+
+`kiln.compile` resolves them (`resolve_options`) and hands the result to the kiln backend, which
+passes it down to the runtime; nothing below api.py reads a mode string. torch.compile's mode
+names map onto it:
+
+    mode                          autotune  cudagraphs
+    None / "default"              False     False
+    "reduce-overhead"             False     True
+    "max-autotune"                True      True
+    "max-autotune-no-cudagraphs"  True      False
+
+`options` (a dict) then overrides single fields: `{"autotune": True, "autotune_budget_s": 5.0}`;
+torch.compile's spellings `"max_autotune"` and `"triton.cudagraphs"` name the same fields. An
+unknown key or a value of the wrong type is an `InvalidArgument` that lists the known keys.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+from kiln.errors import InvalidArgument
+
+__all__ = ["MODES", "CompileOptions", "resolve_options"]
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileOptions:
+    """How the kiln backend compiles. mode: the mode name these settings started from.
+    autotune: benchmark each kernel's candidate configs and keep the fastest.
+    autotune_budget_s: seconds of benchmarking per kernel. cudagraphs: replay the wrapper's
+    launches as a CUDA graph (not implemented yet: a warning says so when asked for)."""
+
+    mode: str = "default"
+    autotune: bool = False
+    autotune_budget_s: float = 2.0
+    cudagraphs: bool = False
+
+
+MODES: dict[str, dict[str, Any]] = {
+    "default": {},
+    "reduce-overhead": {"cudagraphs": True},
+    "max-autotune": {"autotune": True, "cudagraphs": True},
+    "max-autotune-no-cudagraphs": {"autotune": True},
+}
+
+_ALIASES = {"max_autotune": "autotune", "triton.cudagraphs": "cudagraphs"}  # torch's spellings
+_TYPES: dict[str, tuple[type, ...]] = {"autotune": (bool,), "cudagraphs": (bool,),
+                                       "autotune_budget_s": (int, float)}
+
+
+def resolve_options(mode: Any = None, options: Any = None) -> CompileOptions:
+    """The `CompileOptions` of a `mode` name and an `options` dict (either may be None); a
+    `CompileOptions` passed as `options` is returned as is (already resolved)."""
+    if isinstance(options, CompileOptions):
+        if mode not in (None, options.mode):
+            raise InvalidArgument(f"mode={mode!r} disagrees with options.mode={options.mode!r}",
+                                  hint="pass the mode once")
+        return options
+    fields = dict(MODES[_mode_name(mode)])
+    fields.update(_option_fields(options))
+    return CompileOptions(mode=_mode_name(mode), **fields)
+
+
+def _mode_name(mode: Any) -> str:
+    if mode is None:
+        return "default"
+    if not isinstance(mode, str) or mode not in MODES:
+        raise InvalidArgument(f"unknown mode {mode!r}",
+                              hint=f"use None or one of {', '.join(map(repr, MODES))}")
+    return mode
+
+
+def _option_fields(options: Any) -> dict[str, Any]:
+    if options is None:
+        return {}
+    if not isinstance(options, Mapping):
+        raise InvalidArgument(f"options must be a dict, got {type(options).__name__} "
+                              f"{options!r}", hint=f"for example options={{'autotune': True}}; "
+                                                   f"known keys: {_known()}")
+    fields: dict[str, Any] = {}
+    for key, value in options.items():
+        name = _ALIASES.get(key, key) if isinstance(key, str) else key
+        if name not in _TYPES:
+            raise InvalidArgument(f"unknown option {key!r}", hint=f"known keys: {_known()}")
+        fields[name] = _checked(key, name, value)
+    return fields
+
+
+def _checked(key: str, name: str, value: Any) -> Any:
+    types = _TYPES[name]
+    if isinstance(value, bool) and bool not in types or not isinstance(value, types):
+        expected = " or ".join(t.__name__ for t in types)
+        raise InvalidArgument(f"option {key!r} must be a {expected}, got {value!r}",
+                              hint=f"known keys: {_known()}")
+    if name == "autotune_budget_s":
+        if not value > 0:
+            raise InvalidArgument(f"option {key!r} must be positive, got {value!r}",
+                                  hint="seconds of benchmarking per kernel, e.g. 2.0")
+        return float(value)
+    return value
+
+
+def _known() -> str:
+    return ", ".join([*_TYPES, *_ALIASES])
