@@ -312,6 +312,27 @@ class _ViewOfIntermediate:
     base_size: tuple[int, ...] = ()
     base_stride: tuple[int, ...] = ()
 
+    def is_reshape_of(self, base: torch.Tensor) -> bool:
+        """The view is `base.view(size)`: both contiguous, same elements, same start."""
+        return (self.offset == 0 and base.is_contiguous() and base.numel() == _numel(self.size)
+                and _is_contiguous(self.size, self.stride))
+
+
+def _numel(size: tuple[int, ...]) -> int:
+    count = 1
+    for n in size:
+        count *= n
+    return count
+
+
+def _is_contiguous(size: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    expected = 1
+    for n, st in zip(reversed(size), reversed(stride)):
+        if n != 1 and st != expected:
+            return False
+        expected *= n
+    return True
+
 
 def _bases_for_views(returned: list, first: int) -> list[_ViewOfIntermediate]:
     """The outputs (from index `first`, after the mutated inputs) that are views of a tensor made
@@ -346,8 +367,11 @@ def _view_again(outs: tuple, views: list[_ViewOfIntermediate]) -> tuple:
     outs = list(outs)
     for view in views:
         base = outs[view.base_slot]
-        outs[view.slot] = base.as_strided(view.size, view.stride,
-                                          base.storage_offset() + view.offset)
+        if view.is_reshape_of(base):
+            outs[view.slot] = base.view(view.size)  # its backward is a reshape, not a scatter
+        else:
+            outs[view.slot] = base.as_strided(view.size, view.stride,
+                                              base.storage_offset() + view.offset)
     return tuple(outs)
 
 
@@ -360,6 +384,9 @@ def _view_gradients(grads: tuple, views: tuple[_ViewOfIntermediate, ...]) -> tup
     for view in views:
         grad = grads[view.slot]
         if grad is None or view.base_slot != view.slot:
+            continue
+        if view.is_reshape_of(grad):
+            grads[view.slot] = grad.view(view.size)
             continue
         if tuple(grad.stride()) != view.base_stride:
             grad = torch.empty_strided(view.base_size, view.base_stride, dtype=grad.dtype,
