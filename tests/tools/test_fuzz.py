@@ -4,7 +4,8 @@ generated Triton kernels in the interpreter).
 
 The smoke seeds pass on main; known failing classes live in fuzz_findings/ with their shrunk
 reproducers and are checked by test_known_findings_still_fail (strict xfail: when a fix lands, the
-reproducer passes, this test reports XPASS as a failure, and the file moves to fuzz_findings/fixed/).
+reproducer passes, this test reports XPASS as a failure, and the file moves to
+fuzz_findings/fixed/).
 """
 from __future__ import annotations
 
@@ -107,8 +108,8 @@ def test_shrinker_reduces_a_planted_failure_to_the_failing_statement():
 
 
 def test_pool_attributes_a_crash_and_a_timeout_and_keeps_going():
-    crash = _RETURNS_INPUT.replace("    t1 = torch.sin(x0)",
-                                   "    import os, signal\n    os.kill(os.getpid(), signal.SIGSEGV)")
+    segfault = "    import os, signal\n    os.kill(os.getpid(), signal.SIGSEGV)"
+    crash = _RETURNS_INPUT.replace("    t1 = torch.sin(x0)", segfault)
     hang = _RETURNS_INPUT.replace("    t1 = torch.sin(x0)", "    import time\n    time.sleep(60)")
     pool = WorkerPool("eager", "cpu", workers=1, timeout=20)
     verdicts = dict(pool.check_all([(0, crash), (1, _RETURNS_INPUT)]))

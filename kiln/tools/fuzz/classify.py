@@ -18,8 +18,8 @@ __all__ = ["class_key", "slug", "write_reproducer"]
 
 
 def class_key(verdict: Verdict) -> str:
-    if verdict.failure.startswith(("raises:kiln_only", "raises:type", "crash:", "harness:")):
-        message = verdict.detail.split(";")[-1]
+    if verdict.failure.startswith(("raises:", "crash:", "harness:")):
+        message = verdict.detail.removesuffix("; kiln returned")
         message = re.sub(r"\d+(\.\d+)?(e[-+]?\d+)?", "N", message)
         message = re.sub(r"'[^']*'|\"[^\"]*\"", "'…'", message)
         message = re.sub(r"\b[tvscmx]N\b|\baccN\b", "VAR", message)
@@ -35,9 +35,10 @@ def reproducer_text(source: str, key: str, verdict: Verdict, backend: str, devic
                     cpu_codegen: str, seed: int) -> str:
     env = ("import os\nos.environ.setdefault('TRITON_INTERPRET', '1')  # before triton loads\n"
            if cpu_codegen == "triton_interpret" else "")
+    flag = f" --cpu-codegen {cpu_codegen}" if cpu_codegen != "eager" else ""
     return (f"# kiln fuzz reproducer: {key}\n"
             f"# found by `python -m kiln fuzz --seed {seed} --count 1 --backend {backend} "
-            f"--device {device}` (cpu_codegen={cpu_codegen}), then shrunk\n"
+            f"--device {device}{flag}`, then shrunk\n"
             f"# {verdict.detail[:300]}\n"
             f"# run it: python THIS_FILE.py  (prints the oracle's verdict; exit 1 while failing)\n"
             f"{env}{source.rstrip()}\n\n\n"

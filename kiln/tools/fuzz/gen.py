@@ -44,7 +44,7 @@ def _inputs(b: Builder) -> list[str]:
 
 def _returns(b: Builder) -> str:
     made = [v for v in b.vars if not v.is_input] or b.vars
-    chosen = [made[-1]]
+    chosen = [made[-1]] + [v for v in b.vars if v.name in b.returned and v is not made[-1]]
     for _ in range(b.rng.choice((0, 1, 1, 2))):
         extra = b.rng.choice(b.vars)
         if extra not in chosen:

@@ -176,11 +176,12 @@ def gen_view(b: Builder) -> bool:
     return True
 
 
-def _index_literal(b: Builder, size: int, count: int) -> list[int]:
+def _index_literal(b: Builder, size: int, count: int, name: str) -> list[int]:
     # Out-of-range indices only on the CPU: eager must raise there, and kiln must raise too. On
     # CUDA the eager side would hit a device-side assert that poisons the worker process.
     if b.device == "cpu" and b.rng.random() < 0.03:
         b.tags.append("index.out_of_range")
+        b.returned.append(name)
         return [size] * count
     return [b.rng.randrange(size) for _ in range(count)]
 
@@ -192,7 +193,7 @@ def gen_index(b: Builder) -> bool:
     name, kind = b.fresh(), b.rng.choice(("int", "mask", "index_select", "gather", "embedding"))
     dim = _dim(b, x)
     if kind == "int":
-        (index,) = _index_literal(b, x.shape[0], 1)
+        (index,) = _index_literal(b, x.shape[0], 1, name)
         b.emit(f"{name} = {x.name}[{index}] + 0")
         b.add(name, x.shape[1:], x.dtype if x.dtype != "bool" else "int64")
     elif kind == "mask":
@@ -200,20 +201,21 @@ def gen_index(b: Builder) -> bool:
                f"{name} = {x.name}[{x.name}].sum()")
         b.add(name, (), "int64" if x.dtype in ("bool", "int64") else x.dtype)
     elif kind == "index_select":
-        idx = _index_literal(b, x.shape[dim], b.rng.randrange(1, 4))
-        b.emit(f"{name} = {x.name}.index_select({dim}, torch.tensor({idx}, device={x.name}.device))")
+        idx = _index_literal(b, x.shape[dim], b.rng.randrange(1, 4), name)
+        b.emit(f"{name} = {x.name}.index_select({dim}, "
+               f"torch.tensor({idx}, device={x.name}.device))")
         b.add(name, x.shape[:dim] + (len(idx),) + x.shape[dim + 1:], x.dtype)
     elif kind == "gather":
         shape = [b.rng.randrange(1, d + 1) for d in x.shape]
         count = 1
         for d in shape:
             count *= d
-        idx = _index_literal(b, x.shape[dim], count)
+        idx = _index_literal(b, x.shape[dim], count, name)
         b.emit(f"{name} = torch.gather({x.name}, {dim}, torch.tensor({idx}, "
                f"device={x.name}.device).view({', '.join(map(str, shape))}))")
         b.add(name, tuple(shape), x.dtype)
     elif x.is_float and len(x.shape) == 2:
-        idx = _index_literal(b, x.shape[0], b.rng.randrange(1, 5))
+        idx = _index_literal(b, x.shape[0], b.rng.randrange(1, 5), name)
         b.emit(f"{name} = F.embedding(torch.tensor({idx}, device={x.name}.device), {x.name})")
         b.add(name, (len(idx), x.shape[1]), x.dtype)
     else:

@@ -1,11 +1,11 @@
 """The shrinker: reduce a failing program to a minimal one that still fails the same way.
 
 Greedy passes over the program's syntax tree, repeated until none applies: delete a statement of
-`fn` (or of `make_globals`), inline a branch or loop body, drop a returned value, replace an
-assignment's right-hand side by one of the names it reads, and simplify inputs (contiguous
-layout, smaller dims). A candidate is kept only when `still_fails(source)` says it fails with
-the same failure class; the caller runs candidates in worker processes, so a candidate that
-crashes is attributed and cannot take the shrinker down.
+`fn` (or of `make_globals`), drop `a = b` copies, inline a branch or loop body, drop a returned
+value, replace an assignment's right-hand side by one of the names it reads, and simplify inputs
+(contiguous layout, smaller dims). A candidate is kept only when `still_fails(source)` says it
+fails with the same failure class; the caller runs candidates in worker processes, so a
+candidate that crashes is attributed and cannot take the shrinker down.
 """
 from __future__ import annotations
 
@@ -71,6 +71,29 @@ def _operands(tree: ast.Module) -> Iterator[ast.Module]:
                 yield cand
 
 
+class _Rename(ast.NodeTransformer):
+    def __init__(self, old: str, new: str) -> None:
+        self.old, self.new = old, new
+
+    def visit_Name(self, node: ast.Name) -> ast.Name:
+        return ast.Name(self.new, node.ctx) if node.id == self.old else node
+
+
+def _renames(tree: ast.Module) -> Iterator[ast.Module]:
+    """`a = b` followed by uses of `a`: use `b` and drop the copy (the operand pass leaves
+    chains of these behind)."""
+    body = _function(tree, "fn").body
+    for i, stmt in enumerate(body):
+        if (isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Name)
+                and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)):
+            cand = copy.deepcopy(tree)
+            cbody = _function(cand, "fn").body
+            rename = _Rename(stmt.targets[0].id, stmt.value.id)
+            cbody[i + 1:] = [rename.visit(s) for s in cbody[i + 1:]]
+            del cbody[i]
+            yield cand
+
+
 def _inputs(tree: ast.Module) -> Iterator[ast.Module]:
     calls = [n for n in ast.walk(_function(tree, "make_inputs")) if isinstance(n, ast.Call)
              and getattr(n.func, "id", "") == "make_tensor"]
@@ -92,7 +115,7 @@ def _edit_input(tree: ast.Module, k: int, edit: Callable) -> ast.Module:
     return cand
 
 
-_PASSES = (_deletions, _inlines, _returns, _operands, _inputs)
+_PASSES = (_deletions, _renames, _inlines, _returns, _operands, _inputs)
 
 
 def shrink_source(source: str, still_fails: Callable[[str], bool], budget: int = 200) -> str:

@@ -63,6 +63,9 @@ class Builder:
         self.lines: list[str] = []
         self.globals: list[str] = []
         self.tags: list[str] = []
+        # Variables the program must return: a value computed from out-of-range indices, which
+        # a compiler may drop (dead code) if nothing reads it.
+        self.returned: list[str] = []
         self._count = 0
 
     def fresh(self, prefix: str = "t") -> str:
