@@ -14,21 +14,34 @@ import re
 
 from kiln.tools.fuzz.oracle import Verdict
 
-__all__ = ["class_key", "slug", "write_reproducer"]
+__all__ = ["class_key", "reproducer_text", "slug", "warning_key", "write_reproducer"]
 
 
 def class_key(verdict: Verdict) -> str:
     if verdict.failure.startswith(("raises:", "crash:", "harness:")):
-        message = verdict.detail.removesuffix("; kiln returned")
-        message = re.sub(r"\d+(\.\d+)?(e[-+]?\d+)?", "N", message)
-        message = re.sub(r"'[^']*'|\"[^\"]*\"", "'…'", message)
-        message = re.sub(r"\b[tvscmx]N\b|\baccN\b", "VAR", message)
-        return f"{verdict.failure} | {message.strip()[:120]}"
+        message = _blur(verdict.detail.removesuffix("; kiln returned"))
+        return f"{verdict.failure} | {message[:120]}"
+    dtype = re.search(r"\(torch\.(\w+),", verdict.detail)
+    if verdict.failure == "mismatch:value" and dtype:  # a bf16 rounding bug is not an fp32 one
+        return f"{verdict.failure} | {dtype.group(1)}"
     return verdict.failure
 
 
+def warning_key(verdict: Verdict) -> str:
+    """The first kiln warning of a passing program, blurred like exception messages."""
+    return _blur(verdict.detail)[:120] if verdict.fallbacks else ""
+
+
+def _blur(message: str) -> str:
+    message = re.sub(r"\d+(\.\d+)?(e[-+]?\d+)?", "N", message)
+    message = re.sub(r"'[^']*'|\"[^\"]*\"", "'…'", message)
+    return re.sub(r"\b[tvscmx]N\b|\baccN\b", "VAR", message).strip()
+
+
 def slug(key: str) -> str:
-    return re.sub(r"[^A-Za-z0-9]+", "_", key.split(" | ")[0]).strip("_").lower()
+    kind, _, rest = key.partition(" | ")
+    suffix = rest if kind == "mismatch:value" else ""
+    return re.sub(r"[^A-Za-z0-9]+", "_", f"{kind} {suffix}").strip("_").lower()
 
 
 def reproducer_text(source: str, key: str, verdict: Verdict, backend: str, device: str,

@@ -17,7 +17,8 @@ import logging
 import os
 import time
 
-from kiln.tools.fuzz.classify import class_key, reproducer_text, slug, write_reproducer
+from kiln.tools.fuzz.classify import (class_key, reproducer_text, slug, warning_key,
+                                      write_reproducer)
 from kiln.tools.fuzz.gen import SIZES, generate_program
 from kiln.tools.fuzz.oracle import Verdict
 from kiln.tools.fuzz.pool import WorkerPool
@@ -73,11 +74,14 @@ class _Tally:
     def __init__(self) -> None:
         self.counts: collections.Counter = collections.Counter()
         self.first: dict[str, tuple[int, Verdict]] = {}
+        self.warnings: collections.Counter = collections.Counter()
         self.ran = self.fallbacks = 0
 
     def add(self, seed: int, verdict: Verdict) -> None:
         self.ran += 1
         self.fallbacks += verdict.fallbacks > 0
+        if verdict.ok and verdict.fallbacks:
+            self.warnings[warning_key(verdict)] += 1
         if not verdict.ok:
             key = class_key(verdict)
             self.counts[key] += 1
@@ -108,6 +112,8 @@ def _campaign(pool: WorkerPool, args: argparse.Namespace, size: str) -> int:
          f"failed, {tally.fallbacks} with kiln warnings (eager fallbacks), {elapsed:.0f} s")
     for key, n in tally.counts.most_common():
         _say(f"  {n:5d}  {key}  (first: seed {tally.first[key][0]})")
+    for key, n in tally.warnings.most_common():
+        _say(f"  {n:5d}  passed with a kiln warning: {key}")
     if args.out:
         _report(pool, args, size, tally, tags, elapsed)
     return 1 if failed else 0
@@ -132,6 +138,7 @@ def _report(pool: WorkerPool, args: argparse.Namespace, size: str, tally: _Tally
         json.dump({"backend": args.backend, "device": args.device, "size": size,
                    "cpu_codegen": args.cpu_codegen, "seed": args.seed, "ran": tally.ran,
                    "seconds": round(elapsed), "fallbacks": tally.fallbacks,
+                   "warnings": dict(tally.warnings.most_common()),
                    "failures": list(entries.values())}, handle, indent=1)
 
 

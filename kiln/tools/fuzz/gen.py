@@ -17,7 +17,7 @@ __all__ = ["SIZES", "Program", "generate_program", "render"]
 
 # size → (largest dim, number of statements); "tiny" keeps Triton's interpreter and GPU compiles
 # short (fewer, smaller kernels).
-SIZES = {"tiny": (3, (2, 5)), "small": (5, (3, 9))}
+SIZES = {"tiny": (3, (2, 5)), "small": (5, (3, 9)), "medium": (5, (6, 14))}
 _INPUT_DTYPES = ("float32",) * 6 + ("float16", "bfloat16", "int64", "bool")
 
 
@@ -45,6 +45,8 @@ def _inputs(b: Builder) -> list[str]:
 def _returns(b: Builder) -> str:
     made = [v for v in b.vars if not v.is_input] or b.vars
     chosen = [made[-1]] + [v for v in b.vars if v.name in b.returned and v is not made[-1]]
+    if made[-1].root != made[-1].name and b.rng.random() < 0.3:  # a view with its base
+        chosen += [v for v in b.vars if v.name == made[-1].root]
     for _ in range(b.rng.choice((0, 1, 1, 2))):
         extra = b.rng.choice(b.vars)
         if extra not in chosen:

@@ -151,6 +151,12 @@ class WorkerPool:
         return _Worker(self.args)
 
     def _slot(self, next_job: Callable[[], tuple[int, str] | None], done: queue.Queue) -> None:
+        try:
+            self._serve(next_job, done)
+        finally:  # check_all counts these: it must get one even if this thread fails
+            done.put(None)
+
+    def _serve(self, next_job: Callable[[], tuple[int, str] | None], done: queue.Queue) -> None:
         worker = None
         while (job := next_job()) is not None:
             job_id, source = job
@@ -165,4 +171,3 @@ class WorkerPool:
         if worker is not None:
             with self._lock:
                 self._idle.append(worker)
-        done.put(None)
