@@ -69,11 +69,14 @@ def generate_program(seed: int, device: str = "cpu", size: str = "small") -> Pro
             b.tags.append(name)
             done += 1
     params = ", ".join(v.name for v in b.vars if v.is_input)
-    return Program(seed, render(seed, specs, b.globals, params, b.lines + [_returns(b)]),
+    helpers = [line for helper in b.helpers for line in helper + ["", ""]]
+    return Program(seed, render(seed, specs, b.globals, helpers, params,
+                                b.lines + [_returns(b)]),
                    tuple(sorted(set(b.tags))))
 
 
-def render(seed: int, specs: list[str], globals_: list[str], params: str, body: list[str]) -> str:
+def render(seed: int, specs: list[str], globals_: list[str], helpers: list[str], params: str,
+           body: list[str]) -> str:
     """The program's module source."""
     setup = ["    global " + ", ".join(g.split(" = ")[0] for g in globals_)] if globals_ else []
     # The module is built on the CPU under the seed, then moved: same weights on every device.
@@ -86,5 +89,5 @@ def render(seed: int, specs: list[str], globals_: list[str], params: str, body: 
         "def make_inputs(device):", f"    g = torch.Generator().manual_seed({seed})",
         "    return [", *specs, "    ]", "", "",
         "def make_globals(device):", f"    torch.manual_seed({seed})", *setup,
-        "    return None", "", "",
+        "    return None", "", "", *helpers,
         f"def fn({params}):", *[f"    {line}" for line in body], ""])

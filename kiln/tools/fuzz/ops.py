@@ -7,7 +7,7 @@ weights set the mix of the campaign.
 """
 from __future__ import annotations
 
-from kiln.tools.fuzz import effects
+from kiln.tools.fuzz import effects, pyops
 from kiln.tools.fuzz.state import FLOATS, Builder, Var, broadcast, promote
 
 __all__ = ["OPS"]
@@ -262,7 +262,7 @@ def _ops():
         "inplace": (7, effects.gen_inplace), "setitem": (5, effects.gen_setitem),
         "index": (5, gen_index), "module": (3, gen_module), "break": (2, effects.gen_break),
         "branch": (2, effects.gen_branch), "loop": (2, effects.gen_loop),
-        "container": (2, effects.gen_container),
+        "container": (2, effects.gen_container), "python": (3, pyops.gen_python),
     }
 
 

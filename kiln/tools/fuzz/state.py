@@ -62,6 +62,7 @@ class Builder:
         self.vars: list[Var] = []
         self.lines: list[str] = []
         self.globals: list[str] = []
+        self.helpers: list[list[str]] = []  # module-level function definitions, line by line
         self.tags: list[str] = []
         # Variables the program must return: a value computed from out-of-range indices, which
         # a compiler may drop (dead code) if nothing reads it.
