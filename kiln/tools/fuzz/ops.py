@@ -8,6 +8,7 @@ weights set the mix of the campaign.
 from __future__ import annotations
 
 from kiln.tools.fuzz import effects, pyops
+from kiln.tools.fuzz.views import gen_view
 from kiln.tools.fuzz.state import FLOATS, Builder, Var, broadcast, promote
 
 __all__ = ["OPS"]
@@ -103,76 +104,6 @@ def gen_reduce(b: Builder) -> bool:
     else:
         b.emit(f"{name} = torch.{kind}({x.name}, dim={dim}, keepdim={keep})")
     b.add(name, reduced, dtype)
-    return True
-
-
-def _view_of(b: Builder, x: Var, name: str, shape, contig=False, overlap=None) -> None:
-    b.add(name, shape, x.dtype, contig=contig, root=x.root,
-          overlap=x.overlap if overlap is None else overlap)
-
-
-def gen_view(b: Builder) -> bool:
-    x = b.pick(lambda v: len(v.shape) >= 1)
-    if x is None:
-        return False
-    name, rank, shape = b.fresh("v"), len(x.shape), list(x.shape)
-    kind = b.rng.choice(("transpose", "permute", "expand", "slice", "narrow", "unsqueeze",
-                         "squeeze", "reshape", "flatten", "select"))
-    if kind in ("transpose", "permute") and rank >= 2:
-        perm = list(range(rank))
-        b.rng.shuffle(perm)
-        if kind == "transpose":
-            i, j = b.rng.sample(range(rank), 2)
-            perm = list(range(rank))
-            perm[i], perm[j] = j, i
-            b.emit(f"{name} = {x.name}.transpose({i}, {j})")
-        else:
-            b.emit(f"{name} = {x.name}.permute({', '.join(map(str, perm))})")
-        _view_of(b, x, name, tuple(shape[p] for p in perm))
-    elif kind == "expand":
-        new = [d if d != 1 else b.rng.choice((1, 2, 3)) for d in shape]
-        lead = [b.rng.choice((2, 3))] if rank < 3 and b.rng.random() < 0.5 else []
-        b.emit(f"{name} = {x.name}.expand({', '.join(map(str, lead + new))})")
-        _view_of(b, x, name, tuple(lead + new), overlap=x.overlap or lead != [] or new != shape)
-    elif kind == "slice":
-        dim = _dim(b, x)
-        start, step = b.rng.randrange(max(1, shape[dim] // 2 + 1)), b.rng.choice((1, 1, 2, 3))
-        index = ", ".join([":"] * dim + [f"{start}::{step}"])
-        shape[dim] = len(range(start, shape[dim], step))
-        b.emit(f"{name} = {x.name}[{index}]")
-        _view_of(b, x, name, tuple(shape))
-    elif kind == "narrow":
-        dim = _dim(b, x)
-        length = b.rng.randrange(1, shape[dim] + 1)
-        start = b.rng.randrange(shape[dim] - length + 1)
-        b.emit(f"{name} = {x.name}.narrow({dim}, {start}, {length})")
-        shape[dim] = length
-        _view_of(b, x, name, tuple(shape))
-    elif kind == "unsqueeze":
-        dim = b.rng.randrange(rank + 1)
-        b.emit(f"{name} = {x.name}.unsqueeze({dim})")
-        _view_of(b, x, name, tuple(shape[:dim] + [1] + shape[dim:]), contig=x.contig)
-    elif kind == "squeeze" and 1 in shape:
-        dim = shape.index(1)
-        b.emit(f"{name} = {x.name}.squeeze({dim})")
-        _view_of(b, x, name, tuple(shape[:dim] + shape[dim + 1:]), contig=x.contig)
-    elif kind in ("reshape", "flatten") and rank >= 2:
-        dim = b.rng.randrange(rank - 1)
-        new = shape[:dim] + [shape[dim] * shape[dim + 1]] + shape[dim + 2:]
-        method = "view" if x.contig and b.rng.random() < 0.5 else "reshape"
-        text = (f"{x.name}.flatten({dim}, {dim + 1})" if kind == "flatten"
-                else f"{x.name}.{method}({', '.join(map(str, new))})")
-        b.emit(f"{name} = {text}")
-        _view_of(b, x, name, tuple(new), contig=x.contig)
-    elif kind == "select":
-        dim = _dim(b, x)
-        index = b.rng.randrange(shape[dim])
-        b.emit(f"{name} = {x.name}.select({dim}, {index})" if dim else
-               f"{name} = {x.name}[{index}]")
-        _view_of(b, x, name, tuple(shape[:dim] + shape[dim + 1:]), contig=x.contig and dim == 0)
-    else:
-        return False
-    b.tags.append(f"view.{kind}")
     return True
 
 
