@@ -74,7 +74,10 @@ def gen_cast(b: Builder) -> bool:
         b.emit(f"{name} = ({x.name} * 3).long()" if x.is_float else f"{name} = {x.name}.long()")
     else:
         b.emit(f"{name} = {x.name}.to(torch.{target})")
-    b.add(name, x.shape, target, contig=x.contig)
+    # `.to` and `.long()` to the tensor's own dtype return the tensor itself: an alias.
+    same = target == x.dtype and target != "bool"
+    b.add(name, x.shape, target, contig=x.contig, root=x.root if same else "",
+          overlap=x.overlap and same)
     return True
 
 
