@@ -14,7 +14,8 @@ import re
 
 from kiln.tools.fuzz.oracle import Verdict
 
-__all__ = ["class_key", "reproducer_text", "slug", "warning_key", "write_reproducer"]
+__all__ = ["class_key", "program_of", "reproducer_text", "slug", "warning_key",
+           "write_reproducer"]
 
 
 def class_key(verdict: Verdict) -> str:
@@ -63,6 +64,20 @@ def reproducer_text(source: str, key: str, verdict: Verdict, backend: str, devic
             f"    verdict = check_source(open(__file__).read(), {backend!r}, {device!r})\n"
             "    print(verdict)\n"
             "    sys.exit(0 if verdict.ok else 1)\n")
+
+
+_TRAILER = "\n\nif __name__ == '__main__':"
+
+
+def program_of(text: str) -> str:
+    """The program inside a reproducer file (header comments, environment lines and the
+    `__main__` trailer written by `reproducer_text` removed); other text is returned as is."""
+    if not text.startswith("# kiln fuzz reproducer"):
+        return text
+    lines = text.split(_TRAILER)[0].splitlines()[4:]
+    while lines and (lines[0] == "import os" or lines[0].startswith("os.environ")):
+        lines.pop(0)
+    return "\n".join(lines) + "\n"
 
 
 def write_reproducer(out: str, name: str, text: str) -> str:

@@ -17,8 +17,8 @@ import logging
 import os
 import time
 
-from kiln.tools.fuzz.classify import (class_key, reproducer_text, slug, warning_key,
-                                      write_reproducer)
+from kiln.tools.fuzz.classify import (class_key, program_of, reproducer_text, slug,
+                                      warning_key, write_reproducer)
 from kiln.tools.fuzz.gen import SIZES, generate_program
 from kiln.tools.fuzz.oracle import Verdict
 from kiln.tools.fuzz.pool import WorkerPool
@@ -64,7 +64,7 @@ def fuzz_command(args: argparse.Namespace) -> int:
                     args.timeout) as pool:
         if args.shrink_file:
             with open(args.shrink_file) as handle:
-                return _shrink_one(pool, args, handle.read())
+                return _shrink_one(pool, args, program_of(handle.read()))
         return _campaign(pool, args, _size(args))
 
 
