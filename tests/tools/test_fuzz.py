@@ -154,3 +154,15 @@ def test_known_findings_still_fail(path):
     with config.patch(cpu_codegen="triton_interpret" if backend == "kiln" else "eager"):
         verdict = check_source(source, backend)
     assert verdict.ok, f"{verdict.failure}: {verdict.detail}"
+
+
+@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(FINDINGS, "fixed", "*.py"))),
+                         ids=os.path.basename)
+def test_fixed_findings_pass(path):
+    """Each fixed finding's reproducer passes the oracle now (a regression test per class)."""
+    with open(path) as handle:
+        source = handle.read()
+    backend = next(b for b in ("aot_eager", "eager", "kiln") if f"-{b}-" in path)
+    with config.patch(cpu_codegen="triton_interpret" if backend == "kiln" else "eager"):
+        verdict = check_source(source, backend)
+    assert verdict.ok, f"{verdict.failure}: {verdict.detail}"
