@@ -116,8 +116,8 @@ def _reseeds(x: torch.Tensor):
 
 
 @pytest.mark.parametrize("backend", ["eager", "aot_eager", "kiln"])
-@_PENDING
 def test_manual_seed_inside_gives_eager_random_numbers(backend):
+    import torch._dynamo  # noqa: F401 - it wraps torch.manual_seed, as in a real program
     x = torch.randn(4)
     compiled = kiln.compile(_reseeds, backend=backend)
     for seed in (0, 1):
@@ -127,6 +127,22 @@ def test_manual_seed_inside_gives_eager_random_numbers(backend):
         actual, after = compiled(x), torch.rand(3)
         torch.testing.assert_close(actual, expected, rtol=0, atol=0)
         torch.testing.assert_close(after, after_eager, rtol=0, atol=0)  # the generator state too
+
+
+def _set_default_dtype_inside(x: torch.Tensor) -> torch.Tensor:
+    torch.set_default_dtype(torch.float64)
+    try:
+        return x + torch.ones(3)
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
+def test_set_default_dtype_inside_is_not_dropped():
+    import torch._dynamo  # noqa: F401 - it wraps some torch functions, as in a real program
+    x = torch.randn(3)
+    out = kiln.compile(_set_default_dtype_inside, backend="eager")(x)
+    assert out.dtype == torch.float64
+    torch.testing.assert_close(out, _set_default_dtype_inside(x), rtol=0, atol=0)
 
 
 # -- 4: attribute names and dict keys rendered into generated code -----------------------------
