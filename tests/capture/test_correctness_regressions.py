@@ -22,9 +22,6 @@ def _loud_errors():
     config.suppress_errors = False
 
 
-_PENDING = pytest.mark.xfail(strict=False, reason="issue 11: fix in progress")
-
-
 def _opaque() -> None:
     """A call capture cannot trace (print is a stdlib builtin with I/O): a graph break."""
     print(end="")
