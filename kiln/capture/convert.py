@@ -65,9 +65,10 @@ class CompiledFunction:
 
     def reset(self) -> None:
         """Start over from the (possibly new) shared cache for this code."""
-        self.cache: CodeCache = cache_for(self.fn.__code__, self.settings.key())
-        self._route_only: Callable | None = None
-        self.refresh()
+        with _lock:  # two threads must not make two caches for one code
+            self.cache: CodeCache = cache_for(self.fn.__code__, self.settings.key())
+            self._route_only: Callable | None = None
+            self.refresh()
 
     def refresh(self) -> None:
         with _lock:
