@@ -553,3 +553,24 @@ def test_cuda_dropout_saves_a_mask_and_never_recomputes_it(aot_backend):
     targets = {str(n.target) for n in variant.joint.gm.graph.nodes}
     assert "aten.native_dropout.default" in targets
     aot_backend.assert_compiled(training=True)  # includes: no random op in the backward
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_tensor_keyword_arguments_are_graph_inputs_not_constants(requires_grad):
+    """SDPA's `attn_mask=` reaches the ATen graph as a keyword argument: it must be a graph input
+    (issue 11: it was printed as a tensor constant, `NameError: name 'float32' is not defined`)."""
+    def attend(q, k, v, mask):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    q, k, v = (torch.randn(1, 2, 6, 8, requires_grad=requires_grad) for _ in range(3))
+    compiled = kiln.compile(attend, backend="aot_eager")
+    for _ in range(2):
+        mask = torch.randn(1, 1, 6, 6)
+        expected = attend(q, k, v, mask)
+        actual = compiled(q, k, v, mask)
+        close(actual, expected, "output")
+        if requires_grad:
+            grads = torch.autograd.grad(actual.sum(), (q, k, v))
+            expected_grads = torch.autograd.grad(expected.sum(), (q, k, v))
+            for name, got, want in zip("qkv", grads, expected_grads):
+                close(got, want, f"grad {name}")
