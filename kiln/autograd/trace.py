@@ -211,6 +211,8 @@ class ATenTracer(_compat.TorchDispatchMode):
             return self._arg_node(value)
         if isinstance(value, (list, tuple)):
             return type(value)(self.to_nodes(v) for v in value)
+        if isinstance(value, dict):  # kwargs: SDPA's attn_mask is a keyword tensor
+            return {k: self.to_nodes(v) for k, v in value.items()}
         return value
 
     # -- dispatch ------------------------------------------------------------------------------
