@@ -71,13 +71,15 @@ def _is_leaf(x: Any) -> bool:
 def _bind_inputs(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None,
                  builder: GraphBuilder, interp: Interpreter) -> None:
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    for i, node in enumerate(placeholders):
-        val = node.meta.get("val")
-        if example_inputs is not None and i < len(example_inputs) and \
-                isinstance(example_inputs[i], torch.Tensor):
-            val = example_inputs[i]
+    values = [_input_value(n, i, example_inputs) for i, n in enumerate(placeholders)]
+    device = _compute_device(values)
+    for node, val in zip(placeholders, values):
         if isinstance(val, torch.Tensor):
-            layout = Layout(val.dtype, val.device, tuple(val.shape), tuple(val.stride()),
+            where = val.device
+            if _host_scalar(val, device):
+                where = device
+                builder.graph.moved_inputs.append(node.name)
+            layout = Layout(val.dtype, where, tuple(val.shape), tuple(val.stride()),
                             val.storage_offset())
             buf = InputBuffer(node.name, layout, (_origin(node),))
             builder.graph.add_buffer(buf)
@@ -91,12 +93,33 @@ def _bind_inputs(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None,
             value = getattr(gm, node.target)
             if not isinstance(value, torch.Tensor):
                 raise LoweringError(f"get_attr {node.target} is not a tensor")
+            if _host_scalar(value, device):  # `x[:, 1:] = 2.0` lifts a CPU scalar tensor
+                value = value.to(device)
             layout = Layout(value.dtype, value.device, tuple(value.shape), tuple(value.stride()),
                             value.storage_offset())
             buf = ConstantBuffer(node.name, layout, value, (_origin(node),))
             builder.graph.add_buffer(buf)
             builder.graph.constants[node.name] = buf
             interp.env[node] = BufferValue(buf)
+
+
+def _input_value(node: torch.fx.Node, i: int, example_inputs: Sequence[Any] | None) -> Any:
+    if example_inputs is not None and i < len(example_inputs) and \
+            isinstance(example_inputs[i], torch.Tensor):
+        return example_inputs[i]
+    return node.meta.get("val")
+
+
+def _compute_device(values: Sequence[Any]) -> torch.device | None:
+    """The accelerator the graph computes on, if any input lives on one."""
+    return next((v.device for v in values
+                 if isinstance(v, torch.Tensor) and v.device.type != "cpu"), None)
+
+
+def _host_scalar(value: torch.Tensor, device: torch.device | None) -> bool:
+    """A 0-dim CPU tensor in a graph on an accelerator: eager allows the mix, a generated
+    kernel would dereference a host pointer on the device (an illegal memory access)."""
+    return device is not None and value.device.type == "cpu" and value.dim() == 0
 
 
 def _origin(node: torch.fx.Node) -> Origin:

@@ -264,6 +264,9 @@ class _Writer:
                   for i, buf in enumerate(graph.inputs)]
         if params:
             self._line(f"{', '.join(params)}, = args")
+        for name in graph.moved_inputs:  # a CPU scalar tensor: kernels cannot read host memory
+            device = graph.buffers[name].layout.device
+            self._line(f"{name} = {name}.to({self._device(device)})")
         for cname in graph.constants:
             self._line(f"{cname} = constants[{cname!r}]")
         for i, step in enumerate(self.steps):
