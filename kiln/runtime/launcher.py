@@ -87,6 +87,9 @@ class Launcher:
         num_stages = getattr(spec, "num_stages", None)
         if num_stages is not None:
             self.options["num_stages"] = int(num_stages)
+        compile_options = getattr(spec, "compile_options", None)
+        if compile_options is not None:
+            self.options.update(compile_options())
         self.kernel: Any = None
         self.fast = False
         self.source = ""
@@ -112,7 +115,12 @@ class Launcher:
 
     def _generic_launch(self, *tensors: torch.Tensor, stream: int | None = None) -> None:
         self._check_arity(tensors)
-        self.fn[self.grid](*(_storage(t) for t in tensors), **self.meta, **self.options)
+        try:
+            self.fn[self.grid](*(_storage(t) for t in tensors), **self.meta, **self.options)
+        except Exception as exc:  # the interpreter wraps a bounds check's IndexError
+            if isinstance(exc.__cause__, IndexError):
+                raise IndexError(f"{exc.__cause__} ({self.name})") from exc
+            raise
 
     def _bind_on_first_launch(self, *tensors: torch.Tensor, stream: int | None = None) -> None:
         """No dtypes were known at build time: compile for these tensors, bind, launch."""
