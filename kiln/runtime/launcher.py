@@ -39,7 +39,7 @@ from kiln.errors import KilnError
 from kiln.runtime import binaries
 from kiln.runtime.cache import configure_triton_cache
 
-__all__ = ["Launcher", "build_launchers", "compile_mode", "stage_timer"]
+__all__ = ["Launcher", "build_launchers", "check_kernel_devices", "compile_mode", "stage_timer"]
 
 log = logging.getLogger("kiln.runtime")
 
@@ -293,6 +293,21 @@ def _arg_dtypes(spec: KernelSpec, dtypes: Mapping[str, torch.dtype] | None) -> l
     if dtypes is not None and all(name in dtypes for name in spec.args):
         return [dtypes[name] for name in spec.args]
     return None
+
+
+def check_kernel_devices(specs: Sequence[KernelSpec], devices: Mapping[str, torch.device]) -> None:
+    """Compiled Triton kernels dereference every pointer on the GPU: a CPU buffer would be read
+    as device memory (garbage, then an illegal memory access that poisons the process). CPU
+    buffers are only valid when the kernels run in Triton's interpreter."""
+    if _interpreting():
+        return
+    for spec in specs:
+        on_cpu = [n for n in spec.args if n in devices and devices[n].type == "cpu"]
+        if on_cpu:
+            raise KilnError(f"kernel {spec.name} would run on CPU buffers {on_cpu} as a "
+                            "compiled Triton kernel", stage="runtime",
+                            hint="generated kernels on CPU tensors need TRITON_INTERPRET=1 "
+                                 "(set before triton is imported)")
 
 
 def build_launchers(specs: Sequence[KernelSpec], *, parallel: bool = True,
