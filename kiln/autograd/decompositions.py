@@ -63,8 +63,19 @@ def _native_multi_head_attention(query: torch.Tensor, key: torch.Tensor, value: 
     return out, (probs.mean(dim=1) if average_attn_weights else probs)
 
 
+def _lstm(input: torch.Tensor, hx: list, params: list, *args: object) -> object:
+    """torch's LSTM decomposition with the final states in the shape of the initial ones.
+    Some torch releases (2.11 among them) end a layer with `hx.squeeze(1)` where the state is
+    [1, batch, hidden]: a no-op for batch > 1, so h_n / c_n came out [layers, 1, batch, hidden].
+    CPU eager takes mkldnn and hides it; CUDA eager runs cuDNN, so only the decomposition was
+    wrong (issue 11). The states always have hx's shapes, so a view restores them."""
+    out, h_n, c_n = _compat.torch_decomposition(aten.lstm.input)(input, hx, params, *args)
+    return out, h_n.reshape(hx[0].shape), c_n.reshape(hx[1].shape)
+
+
 EXTRAS: dict[_compat.OpOverload, Callable] = {
     aten._native_multi_head_attention.default: _native_multi_head_attention,
+    aten.lstm.input: _lstm,
 }
 
 

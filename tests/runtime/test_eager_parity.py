@@ -194,7 +194,12 @@ def test_sdpa_with_an_additive_mask_of_any_length(device, keys):
                                    torch.randn(2, 1, 3, keys, device=device)])
 
 
-def test_lstm_state_shapes_equal_eager(device):
+@pytest.mark.parametrize("mkldnn", [True, False])
+def test_lstm_state_shapes_equal_eager(device, mkldnn, monkeypatch):
+    """The final states keep eager's [layers, batch, hidden] (issue 11: torch 2.11's LSTM
+    decomposition gave [layers, 1, batch, hidden]; CPU without mkldnn takes the same path)."""
+    if not mkldnn:
+        monkeypatch.setattr(torch.backends.mkldnn, "enabled", False)
     lstm = torch.nn.LSTM(4, 8, batch_first=True).to(device)
     x = torch.randn(2, 3, 4, device=device)
     with torch.no_grad():
