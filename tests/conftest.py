@@ -5,7 +5,9 @@ torch.cuda.is_available() and `cpu` elsewhere. On `cpu`, Triton runs interpreted
 and the tests that compile with the kiln backend set `cpu_codegen="triton_interpret"`. On `cuda`,
 every test under the stage folders that compare compiled results with eager (`DEVICE_DIRS`) runs
 inside `torch.device("cuda")`, so the tensors it makes land on the GPU and kiln's kernels run as
-real Triton binaries; tests that take the `device` fixture use it explicitly. One Triton mode per
+real Triton binaries; tests that take the `device` fixture use it explicitly, and tests marked
+`explicit_device` (files that pick their device themselves, CPU-specific pins) run outside that
+context. One Triton mode per
 process: the interpreter is chosen when triton.jit decorates a kernel, so both devices cannot share
 a run.
 """
@@ -56,6 +58,8 @@ def _on_test_device(item: pytest.Item) -> bool:
         rel = Path(str(item.path)).resolve().relative_to(_TESTS.resolve())
     except ValueError:
         return False
+    if item.get_closest_marker("explicit_device") is not None:
+        return False  # the test places its tensors itself (or pins CPU-only expectations)
     return TEST_DEVICE == "cuda" and rel.parts[0] in DEVICE_DIRS
 
 
