@@ -61,13 +61,6 @@ def core_aten_decompositions() -> dict:
     return dict(table().items())
 
 
-def torch_decomposition(op: OpOverload) -> Callable | None:
-    """torch's own decomposition of `op` (any table), or None."""
-    from torch._decomp import decomposition_table
-
-    return decomposition_table.get(op)
-
-
 def has_composite_implicit_kernel(op: torch._ops.OpOverload) -> bool:
     return torch._C._dispatch_has_kernel_for_dispatch_key(
         op.name(), torch._C.DispatchKey.CompositeImplicitAutograd)

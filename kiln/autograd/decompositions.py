@@ -19,7 +19,7 @@ import torch
 from kiln.autograd import _compat
 from kiln.autograd.rng import eager_rng, is_random
 
-__all__ = ["EXTRAS", "KEEP", "KEEP_PREFIXES", "decomposition_table", "keeps"]
+__all__ = ["EXTRAS", "FUNCTION_FIXES", "KEEP", "KEEP_PREFIXES", "decomposition_table", "keeps"]
 
 aten = torch.ops.aten
 
@@ -63,19 +63,27 @@ def _native_multi_head_attention(query: torch.Tensor, key: torch.Tensor, value: 
     return out, (probs.mean(dim=1) if average_attn_weights else probs)
 
 
-def _lstm(input: torch.Tensor, hx: list, params: list, *args: object) -> object:
-    """torch's LSTM decomposition with the final states in the shape of the initial ones.
-    Some torch releases (2.11 among them) end a layer with `hx.squeeze(1)` where the state is
+EXTRAS: dict[_compat.OpOverload, Callable] = {
+    aten._native_multi_head_attention.default: _native_multi_head_attention,
+}
+
+
+def _lstm_states_like_hx(func: Callable, args: tuple, kwargs: dict) -> object:
+    """torch.lstm with the final states in the shapes of the initial ones. torch's Python
+    kernel for aten.lstm (run under tracing, before any dispatch mode or table sees the op) ends
+    a layer with `hx.squeeze(1)` in some releases (2.11 among them) where the state is
     [1, batch, hidden]: a no-op for batch > 1, so h_n / c_n came out [layers, 1, batch, hidden].
-    CPU eager takes mkldnn and hides it; CUDA eager runs cuDNN, so only the decomposition was
-    wrong (issue 11). The states always have hx's shapes, so a view restores them."""
-    out, h_n, c_n = _compat.torch_decomposition(aten.lstm.input)(input, hx, params, *args)
+    CPU eager uses mkldnn and CUDA eager cuDNN, so only the traced graph was wrong (issue 11)."""
+    out, h_n, c_n = func(*args, **kwargs)
+    hx = args[1] if isinstance(args[1], (list, tuple)) else args[2]  # (input, hx, ...) or packed
     return out, h_n.reshape(hx[0].shape), c_n.reshape(hx[1].shape)
 
 
-EXTRAS: dict[_compat.OpOverload, Callable] = {
-    aten._native_multi_head_attention.default: _native_multi_head_attention,
-    aten.lstm.input: _lstm,
+# torch functions whose traced form needs a fix, applied around the call while replaying the
+# captured graph (`trace._FunctionFixes`); keyed by the function object.
+FUNCTION_FIXES: dict[Callable, Callable] = {
+    torch.lstm: _lstm_states_like_hx,
+    torch._C._VariableFunctions.lstm: _lstm_states_like_hx,
 }
 
 
