@@ -101,10 +101,14 @@ class Launcher:
         return f"Launcher({self.name}, grid={self.grid}, meta={self.meta}, {route})"
 
     def __call__(self, *tensors: torch.Tensor, stream: int | None = None) -> None:
-        if stream is None:
-            self._launch(*tensors)
-        else:
-            self._launch(*tensors, stream=stream)
+        try:
+            if stream is None:
+                self._launch(*tensors)
+            else:
+                self._launch(*tensors, stream=stream)
+        except TypeError:  # the bound route skips the arity check: name the spec's arguments
+            self._check_arity(tensors)
+            raise
 
     # -- routes ----------------------------------------------------------------------------
 
