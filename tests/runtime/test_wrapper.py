@@ -153,6 +153,7 @@ def _attention_output_only(q, k, v):
     return out * 2
 
 
+@pytest.mark.explicit_device  # calls the CPU flash op
 def test_unread_library_outputs_are_not_bound():
     """Attention's logsumexp (and on CUDA its philox seed / offset, which flash attention
     returns as None without dropout) is never read: the wrapper neither binds, fits nor frees
