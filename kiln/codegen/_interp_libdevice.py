@@ -11,7 +11,8 @@ import numpy as np
 import triton.language as tl
 from triton.runtime.interpreter import TensorHandle
 
-__all__ = ["check_index", "atan2", "expm1", "fmod", "log1p", "nearbyint", "pow", "tan", "tanh", "trunc"]
+__all__ = ["atan2", "check_index", "expm1", "fmod", "log1p", "nearbyint", "pow", "tan", "tanh",
+           "trunc"]
 
 
 def _wrap(np_fn):

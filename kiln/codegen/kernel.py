@@ -128,7 +128,10 @@ class KernelSpec:
         checks' device asserts; its integer-overflow sanitizer stays off (eager wraps)."""
         if not self.index_checks:
             return {}
-        return {"debug": True, **({"sanitize_overflow": False} if _has_overflow_sanitizer() else {})}
+        options = {"debug": True}
+        if _has_overflow_sanitizer():
+            options["sanitize_overflow"] = False
+        return options
 
 
 @functools.lru_cache(maxsize=1)

@@ -27,8 +27,8 @@ from kiln.lower.ir import (Buffer, ConstantBuffer, ExternKernel, ExternOutput, F
 from kiln.lower.printer import format_value
 from kiln.schedule import FusedGroup, Schedule
 
-__all__ = ["WrapperCode", "aligned_bias", "fit_layout", "generate_wrapper", "load_wrapper", "reinterpret",
-           "storage_base"]
+__all__ = ["WrapperCode", "aligned_bias", "fit_layout", "generate_wrapper", "load_wrapper",
+           "reinterpret", "storage_base"]
 
 log = logging.getLogger("kiln.runtime")
 
