@@ -11,7 +11,8 @@ import numpy as np
 import triton.language as tl
 from triton.runtime.interpreter import TensorHandle
 
-__all__ = ["atan2", "expm1", "fmod", "log1p", "nearbyint", "pow", "tan", "tanh", "trunc"]
+__all__ = ["atan2", "check_index", "expm1", "fmod", "log1p", "nearbyint", "pow", "tan", "tanh",
+           "trunc"]
 
 
 def _wrap(np_fn):
@@ -34,3 +35,12 @@ nearbyint = _wrap(np.rint)
 pow = _wrap(np.power)
 atan2 = _wrap(np.arctan2)
 fmod = _wrap(np.fmod)
+
+
+def check_index(ok: tl.tensor) -> None:
+    """The interpreter's `_check_index`: Triton's interpreter drops `tl.device_assert` (it reads
+    no debug option), so a kernel that would read outside a buffer raises here instead."""
+    data = np.asarray(ok.handle.data)
+    if not data.all():
+        raise IndexError(f"kiln: index out of bounds in a generated kernel "
+                         f"({int((~data.astype(bool)).sum())} lanes)")
