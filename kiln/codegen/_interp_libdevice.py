@@ -37,10 +37,16 @@ atan2 = _wrap(np.arctan2)
 fmod = _wrap(np.fmod)
 
 
+class KernelIndexError(IndexError, RuntimeError):
+    """An out-of-range index in a generated kernel. Eager raises IndexError for some ops (`x[i]`,
+    embedding) and RuntimeError for others (gather, index_select); this is both, so a caller's
+    `except` written against eager still catches it."""
+
+
 def check_index(ok: tl.tensor) -> None:
     """The interpreter's `_check_index`: Triton's interpreter drops `tl.device_assert` (it reads
     no debug option), so a kernel that would read outside a buffer raises here instead."""
     data = np.asarray(ok.handle.data)
     if not data.all():
-        raise IndexError(f"kiln: index out of bounds in a generated kernel "
+        raise KernelIndexError(f"kiln: index out of bounds in a generated kernel "
                          f"({int((~data.astype(bool)).sum())} lanes)")

@@ -318,6 +318,12 @@ class TritonPrinter(OpsHandler):
             return x
         if dtype == torch.bool:
             return self._emit(f"{x} != 0", dtype)
+        if dtype in (torch.bfloat16, torch.float16) and x.dtype is not None \
+                and not x.dtype.is_floating_point:
+            # Integers reach half types through float32, as torch's own conversion does (it
+            # has no direct int -> bf16 path); Triton's interpreter also reinterprets the bits
+            # of a direct int -> bf16 cast.
+            return self._emit(f"{x}.to(tl.float32).to({triton_dtype(dtype)})", dtype)
         return self._emit(f"{x}.to({triton_dtype(dtype)})", dtype)
 
     def where(self, cond: TV, a: TV, b: TV) -> TV:

@@ -123,7 +123,7 @@ class Launcher:
             self.fn[self.grid](*(_storage(t) for t in tensors), **self.meta, **self.options)
         except Exception as exc:  # the interpreter wraps a bounds check's IndexError
             if isinstance(exc.__cause__, IndexError):
-                raise IndexError(f"{exc.__cause__} ({self.name})") from exc
+                raise type(exc.__cause__)(f"{exc.__cause__} ({self.name})") from exc
             raise
 
     def _bind_on_first_launch(self, *tensors: torch.Tensor, stream: int | None = None) -> None:
