@@ -23,6 +23,9 @@ current when it was bound (the wrapper runs under a device guard, as Inductor's 
 """
 from __future__ import annotations
 
+import contextvars
+import sys
+
 import concurrent.futures as futures
 import contextlib
 import logging
@@ -378,7 +381,23 @@ def _compile_threads(todo: list) -> None:
         _resolve_all(todo)
         raise KilnError(f"compiling {len(todo)} kernels failed: {exc}", stage="runtime",
                         hint="KILN_COMPILE_MODE=serial names the kernel") from exc
+    finally:
+        _leave_async_compile_mode()
     _resolve_all(todo)
+
+
+def _leave_async_compile_mode() -> None:
+    """Make sure no AsyncCompileMode is left active. Triton 3.6 clears its active mode only after
+    every compile of the block succeeded: one failing kernel left it set, and every later
+    compile in this thread then failed ("Another AsyncCompileMode is already active", or a
+    submit to the closed pool), so the whole process ran eagerly after one bad kernel."""
+    module = sys.modules.get("triton.runtime._async_compile")
+    active = getattr(module, "active_mode", None)
+    if isinstance(active, contextvars.ContextVar):
+        if active.get() is not None:
+            active.set(None)
+    elif active is not None:  # older Tritons keep it as a module global
+        module.active_mode = None
 
 
 def _resolve_all(todo: list) -> None:
