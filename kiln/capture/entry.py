@@ -17,6 +17,7 @@ from kiln.capture.unsupported import unsupported
 from kiln.capture.variables.base import VT, ConstantVT, LazyVT, NotConstant, NullVT
 from kiln.capture.variables.builtins import BuiltinVT, SpecialVT
 from kiln.capture.variables.containers import BoundBuiltinMethod, DictVT, ListVT, SliceVT, TupleVT
+from kiln.capture.variables.output_dict import OutputDictVT, build_output_dict
 from kiln.capture.variables.functions import (BoundMethodVT, GeneratorVT, OpaqueCallableVT,
                                               TorchFunctionVT, UserFunctionVT)
 from kiln.capture.variables.ndarray import NdarrayVT
@@ -96,6 +97,9 @@ class _Rebuilder:
             return self._generator(vt)
         if isinstance(vt, SliceVT):
             return f"slice({self.expr(vt.start)}, {self.expr(vt.stop)}, {self.expr(vt.step)})"
+        if isinstance(vt, OutputDictVT):  # the class's own __init__ rebuilds its items
+            items = self._dict_literal(DictVT({k: vt.values[k] for k in vt.keys}))
+            return f"{self.consts.ref(build_output_dict)}({self.consts.ref(vt.cls)}, {items})"
         if isinstance(vt, NewObjectVT):
             attrs = self._dict_literal(DictVT(vt.attrs))
             return f"{self.consts.ref(new_object)}({self.consts.ref(vt.cls)}, {attrs})"

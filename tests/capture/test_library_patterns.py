@@ -3,6 +3,8 @@ with outputs equal to eager: function reflection attributes, star-args calls, ma
 """
 from __future__ import annotations
 
+import collections
+import dataclasses
 import functools
 
 import torch
@@ -56,3 +58,112 @@ def test_function_defaults_change_recompiles():
     torch.testing.assert_close(compiled(x), g(x))
     f.__defaults__ = (5.0,)
     torch.testing.assert_close(compiled(x), g(x))
+
+
+class _Registry(collections.abc.MutableMapping):
+    """Like transformers' AttentionInterface: class-wide mapping plus local overrides."""
+    _global = {"sin": torch.sin, "cos": torch.cos}
+
+    def __init__(self):
+        self._local = {}
+
+    def __getitem__(self, key):
+        if key in self._local:
+            return self._local[key]
+        return self._global[key]
+
+    def __setitem__(self, key, value):
+        self._local[key] = value
+
+    def __delitem__(self, key):
+        del self._local[key]
+
+    def __iter__(self):
+        return iter({**self._global, **self._local})
+
+    def __len__(self):
+        return len(self._global.keys() | self._local.keys())
+
+    def pick(self, key, default):
+        if key not in self:
+            return default
+        return super().get(key, default)
+
+
+class _DictRegistry(dict):
+    def get(self, key):
+        return super().get(str(key)) or torch.tanh
+
+
+REGISTRY = _Registry()
+DICT_REGISTRY = _DictRegistry(mul="unused")
+
+
+def _use_registries(x, name):
+    fn = REGISTRY[name] if name in REGISTRY else torch.relu
+    other = REGISTRY.pick("cos", torch.exp)
+    return fn(x) + other(x) * len(REGISTRY) + DICT_REGISTRY.get("absent")(x)
+
+
+def test_mapping_registries_traced_and_guarded():
+    x = torch.randn(6)
+    out = _explain(_use_registries, x, "sin")
+    assert (out.graph_count, out.graph_break_count) == (1, 0), _reasons(out)
+    kiln.reset()
+    compiled = kiln.compile(_use_registries)
+    torch.testing.assert_close(compiled(x, "sin"), _use_registries(x, "sin"))
+    REGISTRY["sin"] = torch.sigmoid  # a local override must recompile, not reuse torch.sin
+    try:
+        torch.testing.assert_close(compiled(x, "sin"), _use_registries(x, "sin"))
+    finally:
+        del REGISTRY["sin"]
+    torch.testing.assert_close(compiled(x, "sin"), _use_registries(x, "sin"))
+
+
+@dataclasses.dataclass
+class _Output(collections.OrderedDict):
+    """The protocol of transformers' ModelOutput: non-None fields are items, in field order."""
+    last: torch.Tensor = None
+    pooled: torch.Tensor | None = None
+    extra: torch.Tensor | None = None
+
+    def __post_init__(self):
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if value is not None:
+                self[field.name] = value
+
+    def __getitem__(self, k):
+        return dict(self.items())[k] if isinstance(k, str) else tuple(self.values())[k]
+
+    def __setattr__(self, name, value):
+        if name in {f.name for f in dataclasses.fields(self)} and value is not None:
+            super().__setitem__(name, value)
+        super().__setattr__(name, value)
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        super().__setattr__(key, value)
+
+    def to_tuple(self):
+        return tuple(self[k] for k in self.keys())
+
+
+def _make_output(x):
+    out = _Output(last=x.sin(), extra=x * 2)
+    first = out[0] + out["extra"] + out.last
+    out.pooled = first.mean(0)
+    return out, out.to_tuple()[1], len(out), "pooled" in out
+
+
+def test_output_dict_built_indexed_and_returned():
+    x = torch.randn(3, 4)
+    out = _explain(_make_output, x)
+    assert (out.graph_count, out.graph_break_count) == (1, 0), _reasons(out)
+    kiln.reset()
+    got, want = kiln.compile(_make_output)(x), _make_output(x)
+    assert type(got[0]) is _Output and list(got[0].keys()) == list(want[0].keys())
+    for a, b in zip(got[0].to_tuple(), want[0].to_tuple()):
+        torch.testing.assert_close(a, b)
+    torch.testing.assert_close(got[1], want[1])
+    assert got[2:] == want[2:]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import inspect
 import types
 from typing import TYPE_CHECKING, Any
 
@@ -126,8 +127,10 @@ def wrap_derived(tx: Translator, value: Any) -> VT:
         return TupleVT([wrap_derived(tx, v) for v in value], type(value))
     if isinstance(value, list):
         return ListVT([wrap_derived(tx, v) for v in value])
-    if type(value) is dict:
+    if type(value) is dict or isinstance(value, types.MappingProxyType):
         return DictVT({k: wrap_derived(tx, v) for k, v in value.items()})
+    if isinstance(value, (inspect.Signature, inspect.Parameter)):  # immutable reflection values
+        return ConstantVT(value)
     if isinstance(value, slice):
         return SliceVT(*(ConstantVT(p) for p in (value.start, value.stop, value.step)))
     if isinstance(value, torch.nn.Module):

@@ -195,6 +195,12 @@ def _len(tx: Translator, args: Args, kwargs: Kwargs) -> VT | None:
     from kiln.capture.variables.nn_module import ModuleVT
     if isinstance(obj, ModuleVT):
         return ConstantVT(len(obj.module))
+    from kiln.capture.variables.mappings import is_user_mapping, mapping_read
+    if is_user_mapping(obj):
+        return mapping_read(tx, obj, "len")
+    from kiln.capture.variables.output_dict import OutputDictVT
+    if isinstance(obj, OutputDictVT):
+        return ConstantVT(len(obj.keys))
     return None
 
 

@@ -254,6 +254,9 @@ class SuperVT(VT):
         for klass in mro[mro.index(self.cls) + 1:]:
             if name in klass.__dict__:
                 attr = klass.__dict__[name]
+                mapping_method = _super_mapping_read(self.obj, klass, name)
+                if mapping_method is not None:  # super().get(...) in a registry class
+                    return mapping_method
                 if isinstance(attr, types.FunctionType):
                     return BoundMethodVT(UserFunctionVT(attr), self.obj)
                 if isinstance(attr, (staticmethod,)):
@@ -267,6 +270,13 @@ class SuperVT(VT):
                     unsupported("super-descriptor", f"super().{name} is a descriptor")
                 return wrap_derived(tx, attr)
         unsupported("super-attribute", f"super().{name} not found", category="user-fixable")
+
+
+def _super_mapping_read(obj: VT, klass: type, name: str) -> VT | None:
+    from kiln.capture.variables.mappings import MappingMethodVT
+    if klass.__module__ not in ("builtins", "collections.abc", "_collections_abc"):
+        return None
+    return MappingMethodVT.lookup(obj, name, owner=klass)
 
 
 class _NoopVT(VT):

@@ -104,6 +104,9 @@ class ClassVT(VT):
 
     def call(self, tx: Translator, args: list[VT], kwargs: dict[str, VT]) -> VT:
         cls = self.cls
+        from kiln.capture.variables.output_dict import OutputDictVT, is_output_dict_class
+        if is_output_dict_class(cls):  # transformers' ModelOutput family
+            return OutputDictVT.construct(tx, cls, args, kwargs)
         if is_namedtuple_class(cls):
             values = _bind_namedtuple(cls, args, kwargs)
             return TupleVT(values, cls)
@@ -157,6 +160,11 @@ class _ObjectBase(VT):
         attr = lookup_class_attr(self.cls, name)
         if attr is MISSING:
             return None
+        if _is_library_method(attr):  # dict's or collections.abc's own reads of a registry
+            from kiln.capture.variables.mappings import MappingMethodVT
+            method = MappingMethodVT.lookup(self, name)
+            if method is not None:
+                return method
         if isinstance(attr, types.FunctionType):
             return BoundMethodVT(wrap_derived(tx, attr), self)
         if isinstance(attr, (types.MethodDescriptorType, types.WrapperDescriptorType,
@@ -174,6 +182,14 @@ class _ObjectBase(VT):
             from kiln.capture.variables.builder import wrap
             return wrap(tx, getattr(self.cls, name), TypeAttr(self.source, name))
         return wrap_derived(tx, attr)
+
+
+def _is_library_method(attr: Any) -> bool:
+    """C methods and methods of collections.abc (not the user class's own Python code)."""
+    if isinstance(attr, (types.MethodDescriptorType, types.WrapperDescriptorType)):
+        return True
+    return isinstance(attr, types.FunctionType) and attr.__module__ in ("collections.abc",
+                                                                          "_collections_abc")
 
 
 class UserObjectVT(_ObjectBase):
