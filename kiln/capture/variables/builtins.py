@@ -201,6 +201,8 @@ def _len(tx: Translator, args: Args, kwargs: Kwargs) -> VT | None:
     from kiln.capture.variables.output_dict import OutputDictVT
     if isinstance(obj, OutputDictVT):
         return ConstantVT(len(obj.keys))
+    if hasattr(obj, "python_len"):
+        return obj.python_len(tx)
     return None
 
 

@@ -144,9 +144,13 @@ class ModuleVT(_ObjectBase):
     def index(self, tx: Translator, key: Any) -> VT:
         module = self.module
         if isinstance(module, (torch.nn.Sequential, torch.nn.ModuleList)):
-            if isinstance(key, slice):
-                unsupported("module-slice", "slicing a Sequential/ModuleList inside forward")
             keys = list(module._modules)
+            if isinstance(key, slice) and isinstance(module, torch.nn.ModuleList):
+                # `self.layers[:n]` to loop over: a list of the layers, each with its own source
+                from kiln.capture.variables.containers import ListVT
+                return ListVT([self.getattr(tx, k) for k in keys[key]])
+            if isinstance(key, slice):
+                unsupported("module-slice", "slicing a Sequential inside forward")
             return self.getattr(tx, keys[key])
         if isinstance(module, torch.nn.ModuleDict):
             return self.getattr(tx, key)

@@ -2,6 +2,7 @@
 frame or created by the traced code), and the context managers capture understands."""
 from __future__ import annotations
 
+import abc
 import dataclasses
 import functools
 import inspect
@@ -113,7 +114,7 @@ class ClassVT(VT):
         if issubclass(cls, torch.nn.Module):
             unsupported("module-construction", f"creating a {cls.__qualname__} module inside a "
                         "compiled function", hint="create modules in __init__, not in forward")
-        if (cls.__new__ is object.__new__ and type(cls) is type
+        if (cls.__new__ is object.__new__ and type(cls) in (type, abc.ABCMeta)
                 and isinstance(lookup_class_attr(cls, "__init__"), types.FunctionType)):
             obj = NewObjectVT(cls)
             init = lookup_class_attr(cls, "__init__")
@@ -153,7 +154,29 @@ class _ObjectBase(VT):
         if lookup_class_attr(self.cls, "__bool__") is MISSING and \
                 lookup_class_attr(self.cls, "__len__") is MISSING:
             return True
+        for name in ("__bool__", "__len__"):  # the class's own Python answer
+            if isinstance(lookup_class_attr(self.cls, name), types.FunctionType):
+                answer = self.getattr(tx, name).call(tx, [], {})
+                if answer.is_constant():
+                    return bool(answer.as_constant())
         return super().truth(tx)
+
+    def python_len(self, tx: Translator) -> VT | None:
+        """`len(obj)` through the class's Python `__len__`, if it has one."""
+        if isinstance(lookup_class_attr(self.cls, "__len__"), types.FunctionType):
+            return self.getattr(tx, "__len__").call(tx, [], {})
+        return None
+
+    def unpack(self, tx: Translator) -> list[VT]:
+        # A collections.abc.Sequence iterates by indexing until IndexError (a try block capture
+        # cannot interpret): index up to its Python __len__ instead.
+        import collections.abc
+        if issubclass(self.cls, collections.abc.Sequence) and \
+                lookup_class_attr(self.cls, "__iter__") is collections.abc.Sequence.__iter__:
+            length = self.getattr(tx, "__len__").call(tx, [], {}).as_constant()
+            getitem = self.getattr(tx, "__getitem__")
+            return [getitem.call(tx, [ConstantVT(i)], {}) for i in range(length)]
+        return super().unpack(tx)
 
     def class_attr(self, tx: Translator, name: str) -> VT | None:
         from kiln.capture.variables.builder import wrap_derived
@@ -232,8 +255,25 @@ class UserObjectVT(_ObjectBase):
         found = self.class_attr(tx, name)
         if found is not None:
             return found
+        redirected = self._redirected_attr(tx, name)
+        if redirected is not None:
+            return redirected
         unsupported("missing-attribute", f"{self.describe()} has no attribute {name!r}",
                     category="user-fixable")
+
+    def _redirected_attr(self, tx: Translator, name: str) -> VT | None:
+        """An attribute a Python `__getattribute__`/`__getattr__` provides (transformers' configs
+        map `num_hidden_layers` to `n_layer`): read for real, guarded through the same lookup."""
+        from kiln.capture.variables.builder import wrap, wrap_derived
+        hooks = [lookup_class_attr(self.cls, n) for n in ("__getattribute__", "__getattr__")]
+        if not any(isinstance(h, types.FunctionType) for h in hooks):
+            return None
+        try:
+            value = getattr(self.value, name)
+        except AttributeError:
+            return None
+        return wrap(tx, value, Attr(self.source, name)) if self.source else \
+            wrap_derived(tx, value)
 
     def setattr(self, tx: Translator, name: str, value: VT) -> None:
         if self.source is None:
