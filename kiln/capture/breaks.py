@@ -80,7 +80,7 @@ def resume_function(fn: types.FunctionType, layout: ResumeLayout,
                     settings: CompileSettings) -> Callable:
     """The compiled resume function for `layout` (one per break point and layout)."""
     from kiln.capture.convert import compile_function
-    key = (layout, settings.key(), fn.__closure__, id(fn.__globals__))
+    key = (layout, settings.key(), closure_key(fn), id(fn.__globals__))
     compiled = _resume_fns.get(key)
     if compiled is None:
         code = _resume_codes.get(layout)
@@ -89,6 +89,12 @@ def resume_function(fn: types.FunctionType, layout: ResumeLayout,
         resume = types.FunctionType(code, fn.__globals__, code.co_name, None, fn.__closure__)
         compiled = _resume_fns[key] = compile_function(resume, settings)
     return compiled
+
+
+def closure_key(fn: types.FunctionType) -> tuple[int, ...]:
+    """The identity of `fn`'s cells (cells are unhashable). Stable while cached: the resume
+    function made for them holds the same cells, so their ids are not reused."""
+    return tuple(id(cell) for cell in fn.__closure__ or ())
 
 
 def clear_break_caches() -> None:

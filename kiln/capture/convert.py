@@ -65,6 +65,7 @@ class CompiledFunction:
     def reset(self) -> None:
         """Start over from the (possibly new) shared cache for this code."""
         self.cache: CodeCache = cache_for(self.fn.__code__, self.settings.key())
+        self._route_only: Callable | None = None
         self.refresh()
 
     def refresh(self) -> None:
@@ -77,14 +78,16 @@ class CompiledFunction:
         compiled), or the function itself when even that cannot be built."""
         if self.cache.skip is None:
             return self.fn
-        if self.cache.fallback is None:
+        # per function object, not per code: functions sharing one code object (decorator
+        # wrappers) hold different closures and globals, and the copy runs with this one's
+        if self._route_only is None:
             try:
-                self.cache.fallback = route_only(self.fn, self.settings)
+                self._route_only = route_only(self.fn, self.settings)
             except Exception:  # noqa: BLE001 - the original function is always a safe fallback
                 _log.warning("kiln: no route-only copy of %s; it runs as is",
                              self.fn.__qualname__, exc_info=True)
-                self.cache.fallback = self.fn
-        return self.cache.fallback
+                self._route_only = self.fn
+        return self._route_only
 
     def _point_at_first(self) -> None:
         entries = self.cache.entries

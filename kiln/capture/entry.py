@@ -12,6 +12,7 @@ import torch.fx
 
 from kiln.capture.breaks import (CONTEXT_FACTORIES, STACK_PREFIX, ResumeLayout, resume_function,
                                  route)
+from kiln.capture.guards import Guard
 from kiln.capture.handlers_calls import WithExitVT
 from kiln.capture.unsupported import unsupported
 from kiln.capture.variables.base import VT, ConstantVT, LazyVT, NotConstant, NullVT
@@ -221,6 +222,7 @@ def build_break_entry_code(output: OutputGraph, tx: Translator, fn: types.Functi
     the graph, replay side effects, run that instruction natively inside the active `with`
     blocks, and continue in the compiled resume function(s)."""
     inst = tx.instructions[tx.break_at]
+    _guard_frame_identity(output, fn)
     withs = [v.ctx for v in tx.stack if isinstance(v, WithExitVT)]
     for ctx in reversed(withs):  # the graph leaves every `with` block it is inside
         ctx.exit(tx)
@@ -258,6 +260,22 @@ def build_break_entry_code(output: OutputGraph, tx: Translator, fn: types.Functi
         lines.append(f"    return {resume_call(inst.target.index, below, [])}")
         lines.append(f"return {resume_call(tx.break_at + 1, below, [])}")
     return _finish(output, rebuild, lines)
+
+
+def _guard_frame_identity(output: OutputGraph, fn: types.FunctionType) -> None:
+    """A break entry calls a resume function made with `fn`'s closure and globals. Functions
+    sharing one code object (every function a decorator wrapped) share the cache, so the entry
+    may only run for a function holding these very cells and globals."""
+    consts = output.consts
+    if fn.__closure__:
+        output.guards.add(Guard("__cells", "is", consts.ref(fn.__closure__), fn.__closure__,
+                                f"{fn.__qualname__}.__closure__", "closure",
+                                display=f"{fn.__qualname__}.__closure__ is the one seen at "
+                                        "compile time"))
+    output.guards.add(Guard("__G", "is", consts.ref(fn.__globals__), fn.__globals__,
+                            f"{fn.__qualname__}.__globals__", "globals",
+                            display=f"{fn.__qualname__}.__globals__ is the module seen at "
+                                    "compile time"))
 
 
 _READS = ("LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_AND_CLEAR", "DELETE_FAST", "LOAD_DEREF",
