@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import functools
+import threading
 import time
 import types
 import weakref
@@ -69,9 +70,11 @@ class CompiledFunction:
         self.refresh()
 
     def refresh(self) -> None:
-        self.dispatcher = build_dispatcher(self.cache, self.fn, self.slow, self._fallback_fn())
-        self.version = self.cache.version
-        self._point_at_first()
+        with _lock:
+            self.dispatcher = build_dispatcher(self.cache, self.fn, self.slow,
+                                               self._fallback_fn())
+            self.version = self.cache.version
+            self._point_at_first()
 
     def _fallback_fn(self) -> Callable:
         """What runs when capture gave up on this code: a route-only copy (its calls are still
@@ -94,18 +97,25 @@ class CompiledFunction:
         self.dispatch = self.dispatcher.variants[id(entries[0])] if entries else self.dispatcher.empty
 
     def slow(self, *values: Any) -> Any:
-        """Every entry in most-recently-hit order, then a miss (positional arguments)."""
+        """Every entry in most-recently-hit order, then a miss (positional arguments). The
+        choice is made under the capture lock (entries and dispatchers are shared by every
+        thread); the chosen code runs outside it."""
+        with _lock:
+            target = self._choose(values)
+        return target(*values)
+
+    def _choose(self, values: tuple) -> Callable:
         if self.cache.version != self.version:  # another function object with this code compiled
             self.refresh()
         for entry in self.cache.entries:
             if self.dispatcher.checks[id(entry)](*values):
-                return self._hit(entry)(*values)
+                return self._hit(entry)
         if not compiling():  # module state changed, or another instance of the same class
             for entry in self.cache.entries:
                 if self.dispatcher.rebinds[id(entry)](*values):
                     entry.version[0] = MODULE_VERSION[0]
-                    return self._hit(entry)(*values)
-        return self.miss(*values)(*values)
+                    return self._hit(entry)
+        return self.miss(*values)
 
     def _hit(self, entry: CacheEntry) -> Callable:
         self.cache.promote(entry)
@@ -186,6 +196,9 @@ class CompiledFunction:
 
 
 _live: weakref.WeakSet[CompiledFunction] = weakref.WeakSet()
+# Held while a dispatcher picks an entry on its slow path, captures or rebuilds; re-entrant
+# because capture compiles resume functions. Guard hits in the generated variants never take it.
+_lock = threading.RLock()
 
 
 def reset_compiled_functions() -> None:
