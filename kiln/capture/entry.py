@@ -3,6 +3,7 @@ function (read inputs, call the compiled graph, replay side effects, rebuild the
 caller's exact Python structure), and the FX GraphModule handed to the backend."""
 from __future__ import annotations
 
+import functools
 import inspect
 import types
 from typing import TYPE_CHECKING, Any
@@ -341,4 +342,9 @@ def _callee_expr(rebuild: _Rebuilder, callee: VT, settings: CompileSettings) -> 
         value = callee.as_constant()
     except NotConstant:
         return rebuild.expr(callee)
+    if callee.source is not None:
+        # routed at run time from where it is read: an entry shared by instances of one class
+        # (guards.InstanceSlot) must call this instance's submodule, not the first one's
+        router = rebuild.consts.ref(functools.partial(route, settings=settings))
+        return f"{router}({callee.source.expr()})"
     return rebuild.consts.ref(route(value, settings))

@@ -219,7 +219,6 @@ class _Outer(nn.Module):
         return self.mid(x) - 1
 
 
-@_PENDING
 def test_two_instances_with_a_break_two_levels_down_use_their_own_weights():
     first, second = _Outer(), _Outer()
     compiled = [kiln.compile(m, backend="eager") for m in (first, second)]
