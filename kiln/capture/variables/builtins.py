@@ -194,6 +194,7 @@ def _len(tx: Translator, args: Args, kwargs: Kwargs) -> VT | None:
         return ConstantVT(obj.shape[0])
     from kiln.capture.variables.nn_module import ModuleVT
     if isinstance(obj, ModuleVT):
+        obj.guard_children(tx)
         return ConstantVT(len(obj.module))
     from kiln.capture.variables.mappings import is_user_mapping, mapping_read
     if is_user_mapping(obj):
