@@ -15,6 +15,7 @@ from kiln.capture.breaks import (CONTEXT_FACTORIES, STACK_PREFIX, ResumeLayout, 
                                  route)
 from kiln.capture.guards import Guard
 from kiln.capture.handlers_calls import WithExitVT
+from kiln.capture.sources import attr_expr
 from kiln.capture.unsupported import unsupported
 from kiln.capture.variables.base import VT, ConstantVT, LazyVT, NotConstant, NullVT
 from kiln.capture.variables.builtins import BuiltinVT, SpecialVT
@@ -92,9 +93,9 @@ class _Rebuilder:
         if isinstance(vt, BoundMethodVT):
             return f"{self.expr(vt.fn)}.__get__({self.expr(vt.self_vt)})"
         if isinstance(vt, TensorMethodVT):
-            return f"{self.expr(vt.tensor)}.{vt.name}"
+            return attr_expr(self.expr(vt.tensor), vt.name)
         if isinstance(vt, (BoundBuiltinMethod, OpaqueMethodVT)):
-            return f"{self.expr(vt.owner)}.{vt.name}"
+            return attr_expr(self.expr(vt.owner), vt.name)
         if isinstance(vt, GeneratorVT):
             return self._generator(vt)
         if isinstance(vt, SliceVT):

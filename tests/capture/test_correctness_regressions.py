@@ -4,6 +4,7 @@ few) per bug class. Each compares the compiled result with eager PyTorch on fres
 
 from __future__ import annotations
 
+import enum
 import functools
 import threading
 
@@ -134,7 +135,6 @@ class _Plain:
     pass
 
 
-@_PENDING
 def test_attribute_names_that_are_not_identifiers_are_never_pasted_into_code():
     obj = _Plain()
     obj.weight = torch.randn(3)
@@ -174,14 +174,23 @@ class _Key:
         return "<key>"
 
 
-@_PENDING
+class _Level(enum.IntEnum):
+    LOW = 1
+
+
+class _Sneaky(str):
+    def __repr__(self) -> str:
+        return "__import__('os').getpid()"
+
+
 def test_dict_keys_of_any_hashable_type_are_never_pasted_into_code():
     key = _Key()
+    sneaky = _Sneaky("s")
     table = {"a-b": torch.randn(3), (1, "x"): torch.randn(3), key: torch.randn(3),
-             2.5: torch.randn(3)}
+             2.5: torch.randn(3), _Level.LOW: torch.randn(3), sneaky: torch.randn(3)}
 
     def f(x, d):
-        return x * d["a-b"] + d[(1, "x")] - d[key] * d[2.5]
+        return x * d["a-b"] + d[(1, "x")] - d[key] * d[2.5] + d[_Level.LOW] * d[sneaky]
 
     compiled = kiln.compile(f, backend="eager")
     for _ in range(2):
