@@ -213,7 +213,8 @@ def _build_route_only_code(code: types.CodeType, router: Callable) -> types.Code
         if inst.opname in ("LOAD_ATTR", "LOAD_SUPER_ATTR") and inst.method:
             inst.method = False  # [attr] then [NULL, attr]: the callable always sits above NULL
             out.extend(_like(inst, [emit.push_null(), emit.swap(2)]))
-        elif inst.opname == "CALL" and not _is_with_exit_call(out):
+        elif inst.opname == "CALL" and not _is_with_exit_call(out) and \
+                not _is_comprehension_call(out):
             nargs, kwnames = inst.argval
             tail = [emit.load_const(router), emit.swap(3), emit.swap(2),
                     emit.load_const(tuple(kwnames)), emit.call(3)]
@@ -228,6 +229,15 @@ def _is_with_exit_call(emitted: list[Instr]) -> bool:
     has no NULL slot, so it must not be rewritten."""
     before = emitted[-4:-1]
     return len(before) == 3 and all(i.opname == "LOAD_CONST" and i.argval is None for i in before)
+
+
+def _is_comprehension_call(emitted: list[Instr]) -> bool:
+    """`[function, iterator] CALL 0` runs a comprehension or generator expression (3.11, and
+    generator expressions on 3.12): the function sits where a method would, with no NULL slot,
+    so the call must stay as it is. A call with no arguments right after GET_ITER is only ever
+    this (a loop's GET_ITER is followed by FOR_ITER)."""
+    nargs, kwnames = emitted[-1].argval
+    return nargs == 0 and not kwnames and len(emitted) >= 2 and emitted[-2].opname == "GET_ITER"
 
 
 def _like(model: Instr, instrs: list[Instr]) -> list[Instr]:

@@ -55,7 +55,6 @@ class _CountsParamsBreak(_CountsParams):
 
 
 @pytest.mark.parametrize("cls", [_CountsParams, _CountsParamsBreak])
-@_PENDING
 def test_comprehensions_in_a_frame_that_breaks_or_runs_route_only(cls):
     model = cls()
     compiled = kiln.compile(model, backend="eager")
