@@ -214,7 +214,7 @@ def _build_route_only_code(code: types.CodeType, router: Callable) -> types.Code
             inst.method = False  # [attr] then [NULL, attr]: the callable always sits above NULL
             out.extend(_like(inst, [emit.push_null(), emit.swap(2)]))
         elif inst.opname == "CALL" and not _is_with_exit_call(out) and \
-                not _is_comprehension_call(out):
+                not _is_comprehension_call(out) and not _is_zero_arg_super(out):
             nargs, kwnames = inst.argval
             tail = [emit.load_const(router), emit.swap(3), emit.swap(2),
                     emit.load_const(tuple(kwnames)), emit.call(3)]
@@ -238,6 +238,14 @@ def _is_comprehension_call(emitted: list[Instr]) -> bool:
     this (a loop's GET_ITER is followed by FOR_ITER)."""
     nargs, kwnames = emitted[-1].argval
     return nargs == 0 and not kwnames and len(emitted) >= 2 and emitted[-2].opname == "GET_ITER"
+
+
+def _is_zero_arg_super(emitted: list[Instr]) -> bool:
+    """`super()` finds `__class__` and the first argument in the frame that calls it: called
+    through `_routed_call` it would look in the wrong frame, so it stays a native call."""
+    nargs, _ = emitted[-1].argval
+    return nargs == 0 and len(emitted) >= 2 and emitted[-2].opname == "LOAD_GLOBAL" and \
+        emitted[-2].argval == "super"
 
 
 def _like(model: Instr, instrs: list[Instr]) -> list[Instr]:

@@ -232,6 +232,10 @@ def build_break_entry_code(output: OutputGraph, tx: Translator, fn: types.Functi
     lines = rebuild.side_effect_lines()
     used = _names_read_after(tx.instructions, tx.break_at + 1 if inst.opname == "CALL" else
                              min(tx.break_at + 1, inst.target.index))
+    if "__class__" in tx.code.co_freevars and tx.code.co_argcount:
+        # a zero-arg super() later reads the first argument without a LOAD_FAST (3.11), and
+        # expects it first in the resume function's locals too (live keeps varnames order)
+        used.add(tx.code.co_varnames[0])
     live_locals = [n for n in tx.code.co_varnames if n in tx.locals and n in used and n not in
                    tx.code.co_cellvars and not isinstance(tx.locals[n], NullVT)
                    and not n.startswith(STACK_PREFIX)]

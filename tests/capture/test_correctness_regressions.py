@@ -262,8 +262,22 @@ class _SuperAfterBreak(_Base):
         return super().forward(x) * 2 + super(_SuperAfterBreak, self).forward(x)
 
 
-@pytest.mark.parametrize("cls", [_SuperInLoop, _SuperAfterBreak])
-@_PENDING
+class _SuperCallInLoop(_Base):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        parent = super()  # a plain call of super (3.12 too), not LOAD_SUPER_ATTR
+        for _ in range(2):  # route-only
+            _opaque()
+        return parent.forward(x) - 1
+
+
+class _SuperAfterBreakNoSelf(_Base):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _opaque()  # `self` is read after the break only by super() itself
+        return super().forward(x) * 2
+
+
+@pytest.mark.parametrize("cls", [_SuperInLoop, _SuperAfterBreak, _SuperCallInLoop,
+                                 _SuperAfterBreakNoSelf])
 def test_zero_arg_super_in_a_frame_that_breaks_or_runs_route_only(cls):
     model = cls()
     compiled = kiln.compile(model, backend="eager")
@@ -272,12 +286,23 @@ def test_zero_arg_super_in_a_frame_that_breaks_or_runs_route_only(cls):
         torch.testing.assert_close(compiled(x), model(x), rtol=0, atol=0)
 
 
-class _SuperForms(_Base):
+class _WithScale(_Base):
+    @property
+    def scale(self) -> float:
+        return 3.0
+
+
+class _SuperForms(_WithScale):
+    @property
+    def scale(self) -> float:
+        return 5.0
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         a = super().forward(x)
         b = super(_SuperForms, self).forward(x)
         fwd = super().forward
-        return a * 2 + b + fwd(x)
+        parent = super()
+        return a * 2 + b + fwd(x) * super().scale + parent.forward(x) * self.scale
 
 
 def test_zero_arg_super_is_traced_without_a_break():
