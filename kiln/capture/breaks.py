@@ -31,7 +31,7 @@ __all__ = ["STACK_PREFIX", "ResumeLayout", "check_resumable", "resume_function",
 
 STACK_PREFIX = "___stack"  # resume arguments holding stack values (dead once the prefix ran)
 _BRANCHES = ("POP_JUMP_IF_TRUE", "POP_JUMP_IF_FALSE", "POP_JUMP_IF_NONE", "POP_JUMP_IF_NOT_NONE")
-_RESUMABLE = ("CALL", *_BRANCHES)
+_RESUMABLE = ("CALL", "CALL_FUNCTION_EX", *_BRANCHES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,6 +213,8 @@ def _build_route_only_code(code: types.CodeType, router: Callable) -> types.Code
         if inst.opname in ("LOAD_ATTR", "LOAD_SUPER_ATTR") and inst.method:
             inst.method = False  # [attr] then [NULL, attr]: the callable always sits above NULL
             out.extend(_like(inst, [emit.push_null(), emit.swap(2)]))
+        elif inst.opname == "CALL_FUNCTION_EX":
+            out.extend(_route_call_ex(inst, router))
         elif inst.opname == "CALL" and not _is_with_exit_call(out) and \
                 not _is_comprehension_call(out) and not _is_zero_arg_super(out):
             nargs, kwnames = inst.argval
@@ -222,6 +224,20 @@ def _build_route_only_code(code: types.CodeType, router: Callable) -> types.Code
             inst.opname, inst.arg, inst.argval = "BUILD_TUPLE", nargs, nargs
             out.extend(_like(inst, tail))
     return assemble(out, code)
+
+
+def _routed_call_ex(settings: CompileSettings, operands: tuple) -> Any:
+    fn, args, *kwargs = operands
+    return route(fn, settings)(*args, **(kwargs[0] if kwargs else {}))
+
+
+def _route_call_ex(inst: Instr, router: functools.partial) -> list[Instr]:
+    """`f(*args, **kwargs)`: [NULL, f, args, (kwargs)] packed into one tuple and handed to
+    `_routed_call_ex`, which routes `f` (3.11 and 3.12 always push the NULL here)."""
+    count = 3 if inst.arg & 1 else 2
+    ex_router = functools.partial(_routed_call_ex, router.args[0])
+    inst.opname, inst.arg, inst.argval = "BUILD_TUPLE", count, count
+    return _like(inst, [emit.load_const(ex_router), emit.swap(2), emit.call(1)])
 
 
 def _is_with_exit_call(emitted: list[Instr]) -> bool:

@@ -230,7 +230,8 @@ def build_break_entry_code(output: OutputGraph, tx: Translator, fn: types.Functi
         ctx.exit(tx)
     rebuild = _Rebuilder(output)
     lines = rebuild.side_effect_lines()
-    used = _names_read_after(tx.instructions, tx.break_at + 1 if inst.opname == "CALL" else
+    is_call = inst.opname in ("CALL", "CALL_FUNCTION_EX")
+    used = _names_read_after(tx.instructions, tx.break_at + 1 if is_call else
                              min(tx.break_at + 1, inst.target.index))
     if "__class__" in tx.code.co_freevars and tx.code.co_argcount:
         # a zero-arg super() later reads the first argument without a LOAD_FAST (3.11), and
@@ -257,6 +258,10 @@ def build_break_entry_code(output: OutputGraph, tx: Translator, fn: types.Functi
         nargs, kwnames = inst.argval
         below = tx.stack[:len(tx.stack) - nargs - 2]
         call = _native_call(rebuild, tx.stack[len(below):], kwnames, settings)
+        lines.extend(_inside_withs(rebuild, withs, f"__r = {call}"))
+        lines.append(f"return {resume_call(tx.break_at + 1, below, ['__r'])}")
+    elif inst.opname == "CALL_FUNCTION_EX":
+        below, call = _native_call_ex(rebuild, tx.stack, inst.arg & 1, settings)
         lines.extend(_inside_withs(rebuild, withs, f"__r = {call}"))
         lines.append(f"return {resume_call(tx.break_at + 1, below, ['__r'])}")
     else:
@@ -333,6 +338,18 @@ def _native_call(rebuild: _Rebuilder, operands: list[VT], kwnames: tuple[str, ..
     parts = [rebuild.expr(a) for a in args[:npos]]
     parts += [f"{k}={rebuild.expr(v)}" for k, v in zip(kwnames, args[npos:])]
     return f"{_callee_expr(rebuild, callee, settings)}({', '.join(parts)})"
+
+
+def _native_call_ex(rebuild: _Rebuilder, stack: list[VT], has_kwargs: int,
+                    settings: CompileSettings) -> tuple[list[VT], str]:
+    """`f(*args, **kwargs)` at a break: the stack below [NULL, f, args, (kwargs)] and the call."""
+    count = 3 if has_kwargs else 2
+    callee, args, *kwargs = stack[-count:]
+    below = stack[:-count]
+    if below and isinstance(below[-1], NullVT):
+        below = below[:-1]
+    star = f"**{rebuild.expr(kwargs[0])}" if kwargs else ""
+    return below, f"{_callee_expr(rebuild, callee, settings)}(*{rebuild.expr(args)}, {star})"
 
 
 def _callee_expr(rebuild: _Rebuilder, callee: VT, settings: CompileSettings) -> str:

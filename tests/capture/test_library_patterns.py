@@ -167,3 +167,60 @@ def test_output_dict_built_indexed_and_returned():
         torch.testing.assert_close(a, b)
     torch.testing.assert_close(got[1], want[1])
     assert got[2:] == want[2:]
+
+
+def _passthrough(f):
+    @functools.wraps(f)
+    def wrapper(*args, **kwargs):
+        return f(*args, **kwargs)
+    return wrapper
+
+
+@_passthrough
+def _breaks_inside(x, scale=1.0):
+    y = x.sin() * scale
+    kiln.graph_break()
+    return y.cos()
+
+
+def _star_call_then_more(x):
+    a = x.exp()
+    b = _breaks_inside(*(a,), **{"scale": 2.0})  # the break is inside a star-args call
+    return b + a
+
+
+def test_star_args_call_is_a_resumable_break():
+    x = torch.randn(5)
+    out = _explain(_star_call_then_more, x)
+    # graphs: exp before the call, sin*scale and cos inside it, + after it
+    assert out.graph_count == 4 and out.graph_break_count == 1, _reasons(out)
+    kiln.reset()
+    torch.testing.assert_close(kiln.compile(_star_call_then_more)(x), _star_call_then_more(x))
+
+
+def test_route_only_frame_routes_star_args_calls():
+    counter = CountingBackendLike()
+
+    @_passthrough
+    def layer(x):
+        return x.tanh() * 3
+
+    def stack(x, n):
+        for _ in range(n):
+            x = layer(*(x,))
+            kiln.graph_break()  # a break in a loop: the frame runs route-only
+        return x
+
+    kiln.reset()
+    x = torch.randn(4)
+    torch.testing.assert_close(kiln.compile(stack, backend=counter)(x, 3), stack(x, 3))
+    assert counter.count >= 1  # the layers reached through f(*args) were compiled
+
+
+class CountingBackendLike:
+    def __init__(self):
+        self.count = 0
+
+    def __call__(self, gm, example_inputs):
+        self.count += 1
+        return gm.forward

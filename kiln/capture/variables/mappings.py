@@ -58,27 +58,29 @@ class MappingRead(Source):
 
 
 def is_user_mapping(vt: VT) -> bool:
-    """A user object read from the frame whose class is a mapping (not a plain dict)."""
+    """A user object (read from the frame, or a library constant such as a registry held in a
+    decorator's closure) whose class is a mapping (not a plain dict)."""
     from kiln.capture.variables.objects import UserObjectVT
-    return (isinstance(vt, UserObjectVT) and vt.source is not None
+    return (isinstance(vt, UserObjectVT)
             and isinstance(vt.value, (collections.abc.Mapping, dict)) and type(vt.value) is not dict)
 
 
 def mapping_read(tx: Translator, obj: VT, op: str, key: VT | None = None,
                  owner: int | None = None) -> VT:
     """The answer to one read of `obj` (see `MappingRead`), guarded by repeating the read."""
-    from kiln.capture.variables.builder import wrap
+    from kiln.capture.variables.builder import wrap, wrap_derived
     real_key = None
     if key is not None:
         if not key.is_constant() or not isinstance(key.as_constant(), _LITERAL_KEYS):
             unsupported("mapping-key", f"a non-constant key into {obj.describe()}")
         real_key = key.as_constant()
-    source = MappingRead(obj.source, op, real_key, owner)
+    read = MappingRead(obj.source, op, real_key, owner)
     try:
-        value = eval(source._spell("obj"), {"obj": obj.value})  # noqa: S307 - our own spelling
+        value = eval(read._spell("obj"), {"obj": obj.value})  # noqa: S307 - our own spelling
     except Exception as err:  # noqa: BLE001 - eager raises (or handles) it natively
-        unsupported("mapping-read", f"{source.name()} raised {type(err).__name__}")
-    return wrap(tx, value, source)
+        unsupported("mapping-read", f"{read._spell(obj.describe())} raised {type(err).__name__}")
+    # a library constant (no source) is read like other library constants: without a guard
+    return wrap(tx, value, read) if obj.source is not None else wrap_derived(tx, value)
 
 
 class MappingMethodVT(VT):
