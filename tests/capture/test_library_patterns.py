@@ -4,6 +4,7 @@ with outputs equal to eager: function reflection attributes, star-args calls, ma
 from __future__ import annotations
 
 import collections
+import copy
 import dataclasses
 import functools
 
@@ -224,3 +225,67 @@ class CountingBackendLike:
     def __call__(self, gm, example_inputs):
         self.count += 1
         return gm.forward
+
+
+class _Config:
+    def __init__(self):
+        self.encoder_layers, self.decoder_layers, self.scale = 1, 2, 0.5
+
+    def text_config(self):
+        """Like transformers' get_text_config on a flat encoder-decoder config."""
+        copied = copy.deepcopy(self)
+        for key in list(vars(copied)):
+            if key.startswith("decoder_"):
+                value = getattr(copied, key)
+                delattr(copied, key)
+                setattr(copied, "num_" + key[len("decoder_"):], value)
+        return copied
+
+
+CONFIG = _Config()
+
+
+def _with_private_copy(x):
+    config = CONFIG.text_config()
+    for _ in range(config.num_layers):
+        x = x.sin() * config.scale
+    return x
+
+
+def test_deepcopy_of_a_config_is_folded():
+    x = torch.randn(4)
+    out = _explain(_with_private_copy, x)
+    assert (out.graph_count, out.graph_break_count) == (1, 0), _reasons(out)
+    assert not hasattr(CONFIG, "num_layers")  # the copy, not the original, was changed
+    kiln.reset()
+    torch.testing.assert_close(kiln.compile(_with_private_copy)(x), _with_private_copy(x))
+
+
+class _SiLU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * torch.sigmoid(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        s = torch.sigmoid(x)
+        return grad * (s + x * s * (1 - s))
+
+
+def _custom_function(x):
+    return _SiLU.apply(x.cos()).sum()
+
+
+def test_autograd_function_apply_is_one_node_with_its_backward():
+    x = torch.randn(6, requires_grad=True)
+    out = _explain(_custom_function, x)
+    assert (out.graph_count, out.graph_break_count) == (1, 0), _reasons(out)
+    _custom_function(x).backward()
+    want = x.grad.clone()
+    for backend in ("eager", "aot_eager"):
+        kiln.reset()
+        x.grad = None
+        kiln.compile(_custom_function, backend=backend)(x).backward()
+        torch.testing.assert_close(x.grad, want)

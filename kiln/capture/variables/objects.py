@@ -73,6 +73,16 @@ def lookup_class_attr(cls: type, name: str) -> Any:
     return MISSING
 
 
+@functools.lru_cache(maxsize=None)
+def _function_apply(cls: type) -> Any:
+    """`cls.apply` as a plain function named after the class: FX prints a bound classmethod of
+    torch.autograd.Function as `torch.autograd.function.apply`, which does not exist."""
+    def apply(*args: Any, **kwargs: Any) -> Any:
+        return cls.apply(*args, **kwargs)
+    apply.__name__ = apply.__qualname__ = f"{cls.__name__}_apply"
+    return apply
+
+
 class ClassVT(VT):
     """A class object; calling it builds namedtuples, dataclasses and plain user objects."""
 
@@ -91,6 +101,11 @@ class ClassVT(VT):
 
     def getattr(self, tx: Translator, name: str) -> VT:
         from kiln.capture.variables.builder import wrap_derived
+        if name == "apply" and issubclass(self.cls, torch.autograd.Function):
+            # a custom autograd.Function: one graph node (its forward runs on fake tensors;
+            # the backends run `apply`, so its own backward is used)
+            from kiln.capture.variables.functions import TorchFunctionVT
+            return TorchFunctionVT(_function_apply(self.cls))
         attr = lookup_class_attr(self.cls, name)
         if isinstance(attr, staticmethod):
             return wrap_derived(tx, attr.__func__)

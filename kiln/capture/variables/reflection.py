@@ -51,3 +51,5 @@ def _signature(tx: Translator, args: list[VT], kwargs: dict[str, VT]) -> VT:
 def register_reflection() -> None:
     from kiln.capture.variables.builtins import register_special
     register_special(inspect.signature, _signature)
+    from kiln.capture.variables.private import register_private
+    register_private()
