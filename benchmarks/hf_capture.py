@@ -28,7 +28,7 @@ def _equal(a, b) -> bool:
 def measure(arch: hf.HFArch, dynamo: bool) -> dict:
     """One row: kiln graphs/breaks/reasons, Dynamo's, output equality, first-call seconds."""
     model = hf.build(arch)
-    inputs = hf.make_inputs(arch, model, torch.Generator().manual_seed(1))
+    inputs = hf.make_inputs(arch, gen=torch.Generator().manual_seed(1))
     row = {"arch": arch.name}
     with torch.no_grad():
         expected = model(**inputs)

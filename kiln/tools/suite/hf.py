@@ -15,6 +15,7 @@ import torch
 __all__ = ["HFArch", "ARCHS", "get", "build", "loss"]
 
 _SEQ = 8
+_FULL_SEQ = 128
 _BATCH = 2
 _VOCAB = 99
 
@@ -102,36 +103,45 @@ def get(name: str) -> HFArch:
     return _BY_NAME[name.removeprefix("hf:")]
 
 
-def build(arch: HFArch, seed: int = 0) -> torch.nn.Module:
+def build(arch: HFArch, seed: int = 0, no_dropout: bool = False) -> torch.nn.Module:
     """The tiny model with random weights (reproducible from `seed`), in eval mode, eager
-    attention (what TorchDynamo also traces on CPU)."""
+    attention (what TorchDynamo also traces on CPU). `no_dropout` zeroes every dropout
+    probability of the config, so training runs are deterministic."""
     import transformers
     transformers.logging.set_verbosity_error()  # tiny vocabularies trip token-id warnings
     config = getattr(transformers, arch.config)(**arch.kwargs)
     config._attn_implementation = "eager"
+    if no_dropout:
+        for key, value in vars(config).items():
+            if isinstance(value, float) and ("dropout" in key or "pdrop" in key):
+                setattr(config, key, 0.0)
     torch.manual_seed(seed)
     model = getattr(transformers, arch.model)(config)
     return model.eval()
 
 
-def make_inputs(arch: HFArch, model: torch.nn.Module,
+def make_inputs(arch: HFArch, config: Any = None,
                 gen: torch.Generator | None = None) -> dict[str, Any]:
-    """Fresh random keyword inputs for `model`."""
-    ids = lambda: torch.randint(1, _VOCAB, (_BATCH, _SEQ), generator=gen)  # noqa: E731
+    """Fresh random keyword inputs for a model of `config` (default: the tiny config)."""
+    vocab = getattr(config, "vocab_size", _VOCAB) if config is not None else _VOCAB
+    seq = _SEQ if config is None else _FULL_SEQ
+    ids = lambda: torch.randint(1, vocab, (_BATCH, seq), generator=gen)  # noqa: E731
     if arch.inputs == "ids":
         return {"input_ids": ids()}
     if arch.inputs == "ids_mask":
-        mask = torch.ones(_BATCH, _SEQ, dtype=torch.long)
-        mask[1, _SEQ // 2 + int(torch.randint(0, 3, (), generator=gen)):] = 0
+        mask = torch.ones(_BATCH, seq, dtype=torch.long)
+        mask[1, seq // 2 + int(torch.randint(0, 3, (), generator=gen)):] = 0
         return {"input_ids": ids(), "attention_mask": mask}
     if arch.inputs == "enc_dec":
         return {"input_ids": ids(), "decoder_input_ids": ids()}
     if arch.inputs == "pixels":
-        return {"pixel_values": torch.randn(_BATCH, 3, arch.pixels, arch.pixels, generator=gen)}
+        side = arch.pixels if config is None else config.image_size
+        return {"pixel_values": torch.randn(_BATCH, 3, side, side, generator=gen)}
     if arch.inputs == "audio":
-        cfg = model.config
-        return {"input_features": torch.randn(_BATCH, cfg.num_mel_bins,
-                                              2 * cfg.max_source_positions, generator=gen)}
+        mels = arch.kwargs["num_mel_bins"] if config is None else config.num_mel_bins
+        frames = 2 * (arch.kwargs["max_source_positions"] if config is None
+                      else config.max_source_positions)
+        return {"input_features": torch.randn(_BATCH, mels, frames, generator=gen)}
     raise ValueError(f"hf: unknown inputs kind {arch.inputs!r} for {arch.name}")
 
 
@@ -150,3 +160,51 @@ def loss(output: Any) -> torch.Tensor:
     """A scalar training loss that reads every float tensor of the output."""
     outs = [t.float() for t in tensors_of(output) if t.is_floating_point()]
     return sum((t * t).mean() for t in outs)
+
+
+# -- suite specs: `hf:<arch>` in `kiln.tools.suite.get` and `python -m kiln bench --models` ------
+class HFAdapter(torch.nn.Module):
+    """A transformers model called with the suite's positional inputs (`names` in order)."""
+
+    def __init__(self, model: torch.nn.Module, names: tuple[str, ...]) -> None:
+        super().__init__()
+        self.model = model
+        self.names = names
+
+    def forward(self, *inputs: torch.Tensor) -> Any:
+        return self.model(**dict(zip(self.names, inputs)))
+
+
+def _full_config(arch: HFArch) -> Any:
+    """The config class's defaults (the base-size model)."""
+    import transformers
+    transformers.logging.set_verbosity_error()
+    keep = {k: v for k, v in arch.kwargs.items() if k.endswith("_token_id")}
+    config = getattr(transformers, arch.config)(**keep)
+    config._attn_implementation = "eager"
+    return config
+
+
+def spec(name: str) -> Any:
+    """The suite `ModelSpec` for `hf:<arch>`: "small" is the tiny config, "full" the config
+    class's defaults; the loss reads every float tensor of the output."""
+    import transformers
+    from kiln.tools.suite.batch import Batch
+    from kiln.tools.suite.registry import ModelSpec
+    arch = get(name)
+
+    def make_model(size: str) -> torch.nn.Module:
+        if size == "small":
+            model = build(arch)
+        else:
+            model = getattr(transformers, arch.model)(_full_config(arch)).eval()
+        return HFAdapter(model, tuple(make_inputs(arch)))
+
+    def make_batch(size: str) -> Batch:
+        inputs = make_inputs(arch, None if size == "small" else _full_config(arch))
+        return Batch(tuple(inputs.values()), torch.zeros(()))
+
+    return ModelSpec(f"hf:{arch.name}", make_model, make_batch,
+                     lambda output, target: loss(output),
+                     (torch.float32, torch.bfloat16, torch.float16),
+                     f"transformers {arch.model} ({arch.config}), random weights")
