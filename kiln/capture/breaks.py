@@ -102,6 +102,7 @@ def clear_break_caches() -> None:
     _resume_fns.clear()
     _route_only_codes.clear()
     _routed.clear()
+    _routed_fns.clear()
 
 
 def _build_resume_code(layout: ResumeLayout) -> types.CodeType:
@@ -155,11 +156,40 @@ CONTEXT_FACTORIES: dict[str, Any] = {
 _routed: dict[tuple, Callable] = {}
 
 
-def route(value: Any, settings: CompileSettings) -> Any:
-    """A kiln-compiled stand-in for a user function, method or module called at a break."""
+@functools.lru_cache(maxsize=None)
+def _route_deps() -> tuple:
+    """route's imports, resolved once: an import statement in a function costs ~4 us per call
+    (importlib's fromlist handling), and route runs at every call site of a route-only frame."""
     from kiln.capture.convert import compile_function
     from kiln.capture.module_wrapper import CompiledModule
     from kiln.capture.rules import DISABLED, is_library_module
+    return compile_function, CompiledModule, DISABLED, is_library_module
+
+
+# Callables route() always returns unchanged: C functions and methods (tensor methods, torch
+# ops, builtins). Checked by exact type first: route runs at every call site of a route-only frame.
+_NEVER_ROUTED = (types.BuiltinFunctionType, types.MethodWrapperType,
+                 types.WrapperDescriptorType, types.MethodDescriptorType, type)
+
+
+def route(value: Any, settings: CompileSettings) -> Any:
+    """A kiln-compiled stand-in for a user function, method or module called at a break."""
+    kind = type(value)
+    if kind in _NEVER_ROUTED:
+        return value
+    if kind is types.FunctionType:  # the answer for a function object never changes
+        known = _routed_fns.get((value, settings))
+        if known is None:
+            known = _routed_fns[(value, settings)] = _route(value, settings)
+        return known
+    return _route(value, settings)
+
+
+_routed_fns: dict[tuple, Callable] = {}
+
+
+def _route(value: Any, settings: CompileSettings) -> Any:
+    compile_function, CompiledModule, DISABLED, is_library_module = _route_deps()
     if id(value) in DISABLED:
         return value
     if isinstance(value, types.MethodType) and isinstance(value.__func__, types.FunctionType):

@@ -94,7 +94,14 @@ class CompiledFunction:
 
     def _point_at_first(self) -> None:
         entries = self.cache.entries
-        self.dispatch = self.dispatcher.variants[id(entries[0])] if entries else self.dispatcher.empty
+        if entries:
+            self.dispatch = self.dispatcher.variants[id(entries[0])]
+        elif self.cache.skip is not None:
+            # capture gave up for good: call the fallback (route-only copy, the user's own
+            # signature) directly instead of through the lock and `miss` on every call
+            self.dispatch = self.dispatcher.namespace["__fallback_fn"]
+        else:
+            self.dispatch = self.dispatcher.empty
 
     def slow(self, *values: Any) -> Any:
         """Every entry in most-recently-hit order, then a miss (positional arguments). The
