@@ -289,3 +289,28 @@ def test_autograd_function_apply_is_one_node_with_its_backward():
         x.grad = None
         kiln.compile(_custom_function, backend=backend)(x).backward()
         torch.testing.assert_close(x.grad, want)
+
+
+class _Stages(torch.nn.Module):
+    """Like timm's RegNet: forward walks named_children (nn.Module dedupes them with a set)."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = torch.nn.Linear(4, 4)
+        self.shared = torch.nn.Linear(4, 4)
+        self.again = self.shared  # the same module twice: visited once
+        self.head = torch.nn.Linear(4, 2)
+
+    def forward(self, x):
+        for name, child in self.named_children():
+            x = child(x).relu() if name != "head" else child(x)
+        return x + sum(1 for _ in self.children())
+
+
+def test_named_children_loop_is_one_graph():
+    torch.manual_seed(0)
+    model, x = _Stages(), torch.randn(3, 4)
+    out = _explain(model, x)
+    assert (out.graph_count, out.graph_break_count) == (1, 0), _reasons(out)
+    kiln.reset()
+    torch.testing.assert_close(kiln.compile(model)(x), model(x))
