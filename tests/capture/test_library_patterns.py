@@ -314,3 +314,27 @@ def test_named_children_loop_is_one_graph():
     assert (out.graph_count, out.graph_break_count) == (1, 0), _reasons(out)
     kiln.reset()
     torch.testing.assert_close(kiln.compile(model)(x), model(x))
+
+
+_LRU_CALLS = []
+
+
+@functools.lru_cache
+def _backend_available(name):
+    _LRU_CALLS.append(name)
+    return name == "torch"
+
+
+def _uses_lru_helper(x):
+    if _backend_available("torch"):
+        return x.sin()
+    return x.cos()
+
+
+def test_lru_cache_helper_folded_at_compile_time():
+    x = torch.randn(4)
+    out = _explain(_uses_lru_helper, x)
+    assert (out.graph_count, out.graph_break_count) == (1, 0), _reasons(out)
+    kiln.reset()
+    torch.testing.assert_close(kiln.compile(_uses_lru_helper)(x), x.sin())
+    assert _LRU_CALLS == ["torch"]  # called once, as in eager

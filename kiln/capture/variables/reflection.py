@@ -16,7 +16,36 @@ from kiln.capture.variables.base import VT, ConstantVT
 if TYPE_CHECKING:
     from kiln.capture.translator import Translator
 
-__all__ = ["register_reflection"]
+__all__ = ["register_reflection", "LruCachedVT"]
+
+
+class LruCachedVT(VT):
+    """A `functools.lru_cache` function. Called with constant arguments it is called for real at
+    compile time (its answer is cached for those arguments anyway: what eager gets on every call
+    but the first); otherwise its wrapped function is interpreted."""
+
+    def __init__(self, fn: Any, source: Any = None) -> None:
+        self.fn, self.source = fn, source
+
+    def as_constant(self) -> Any:
+        return self.fn
+
+    def call(self, tx: Translator, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        from kiln.capture.sources import Attr
+        from kiln.capture.variables.builder import wrap_derived
+        from kiln.capture.variables.functions import UserFunctionVT
+        values = [*args, *kwargs.values()]
+        if all(v.is_constant() for v in values):
+            try:
+                result = self.fn(*[a.as_constant() for a in args],
+                                 **{k: v.as_constant() for k, v in kwargs.items()})
+            except Exception as err:  # noqa: BLE001 - eager raises it natively
+                unsupported("lru-cache-call", f"{self.fn.__qualname__} raised "
+                            f"{type(err).__name__}")
+            return wrap_derived(tx, result)
+        wrapped = UserFunctionVT(self.fn.__wrapped__,
+                                 Attr(self.source, "__wrapped__") if self.source else None)
+        return wrapped.call(tx, args, kwargs)
 
 
 def _callable_value(vt: VT) -> Any:
