@@ -31,7 +31,9 @@ __all__ = ["STACK_PREFIX", "ResumeLayout", "check_resumable", "resume_function",
 
 STACK_PREFIX = "___stack"  # resume arguments holding stack values (dead once the prefix ran)
 _BRANCHES = ("POP_JUMP_IF_TRUE", "POP_JUMP_IF_FALSE", "POP_JUMP_IF_NONE", "POP_JUMP_IF_NOT_NONE")
-_RESUMABLE = ("CALL", "CALL_FUNCTION_EX", *_BRANCHES)
+# Value instructions a break can run natively (entry.NATIVE_VALUE_OPS), then resume after.
+_VALUE_OPS = ("BINARY_SUBSCR", "BINARY_OP", "CONTAINS_OP", "LOAD_ATTR")
+_RESUMABLE = ("CALL", "CALL_FUNCTION_EX", *_BRANCHES, *_VALUE_OPS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +54,7 @@ def check_resumable(code: types.CodeType, index: int) -> None:
     """Raise Unsupported (with the reason) if capture cannot break and resume at `index`."""
     instrs = decode(code)
     inst = instrs[index]
-    if inst.opname not in _RESUMABLE:
+    if inst.opname not in _RESUMABLE or inst.opname == "LOAD_ATTR" and inst.method:
         unsupported("no-resume-here", f"capture cannot resume after {inst.opname} yet")
     if code.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR):
         unsupported("no-resume-generator", "graph breaks inside generators are not supported")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import inspect
 import types
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.fx
@@ -230,7 +230,7 @@ def build_break_entry_code(output: OutputGraph, tx: Translator, fn: types.Functi
         ctx.exit(tx)
     rebuild = _Rebuilder(output)
     lines = rebuild.side_effect_lines()
-    is_call = inst.opname in ("CALL", "CALL_FUNCTION_EX")
+    is_call = inst.opname in ("CALL", "CALL_FUNCTION_EX", *NATIVE_VALUE_OPS)
     used = _names_read_after(tx.instructions, tx.break_at + 1 if is_call else
                              min(tx.break_at + 1, inst.target.index))
     if "__class__" in tx.code.co_freevars and tx.code.co_argcount:
@@ -259,6 +259,12 @@ def build_break_entry_code(output: OutputGraph, tx: Translator, fn: types.Functi
         below = tx.stack[:len(tx.stack) - nargs - 2]
         call = _native_call(rebuild, tx.stack[len(below):], kwnames, settings)
         lines.extend(_inside_withs(rebuild, withs, f"__r = {call}"))
+        lines.append(f"return {resume_call(tx.break_at + 1, below, ['__r'])}")
+    elif inst.opname in NATIVE_VALUE_OPS:
+        count, render = NATIVE_VALUE_OPS[inst.opname]
+        below, operands = tx.stack[:-count], [rebuild.expr(v) for v in tx.stack[-count:]]
+        value = render(rebuild, inst, *operands)
+        lines.extend(_inside_withs(rebuild, withs, f"__r = {value}"))
         lines.append(f"return {resume_call(tx.break_at + 1, below, ['__r'])}")
     elif inst.opname == "CALL_FUNCTION_EX":
         below, call = _native_call_ex(rebuild, tx.stack, inst.arg & 1, settings)
@@ -338,6 +344,22 @@ def _native_call(rebuild: _Rebuilder, operands: list[VT], kwnames: tuple[str, ..
     parts = [rebuild.expr(a) for a in args[:npos]]
     parts += [f"{k}={rebuild.expr(v)}" for k, v in zip(kwnames, args[npos:])]
     return f"{_callee_expr(rebuild, callee, settings)}({', '.join(parts)})"
+
+
+def _binary_op(rebuild: _Rebuilder, inst: Any, a: str, b: str) -> str:
+    from kiln.capture.handlers_data import _BINARY
+    return f"{rebuild.consts.ref(_BINARY[inst.argval])}({a}, {b})"
+
+
+# Instructions other than calls and branches that a break runs natively before resuming:
+# opname -> (stack operands, how to spell the operation on their expressions).
+NATIVE_VALUE_OPS: dict[str, tuple[int, Callable[..., str]]] = {
+    "BINARY_SUBSCR": (2, lambda rebuild, inst, obj, key: f"{obj}[{key}]"),
+    "BINARY_OP": (2, _binary_op),
+    "CONTAINS_OP": (2, lambda rebuild, inst, item, obj:
+                    f"({item} {'not in' if inst.arg else 'in'} {obj})"),
+    "LOAD_ATTR": (1, lambda rebuild, inst, obj: f"getattr({obj}, {inst.argval!r})"),
+}
 
 
 def _native_call_ex(rebuild: _Rebuilder, stack: list[VT], has_kwargs: int,

@@ -338,3 +338,23 @@ def test_lru_cache_helper_folded_at_compile_time():
     kiln.reset()
     torch.testing.assert_close(kiln.compile(_uses_lru_helper)(x), x.sin())
     assert _LRU_CALLS == ["torch"]  # called once, as in eager
+
+
+def _subscript_break(x, table):
+    a = x.exp()
+    b = table["scale"]  # a read capture cannot trace: break at BINARY_SUBSCR, then resume
+    return (a * b).sum() + a.mean()
+
+
+def test_break_at_subscript_resumes_after_it():
+    class Weird:
+        def __getitem__(self, key):
+            import sys
+            sys.getrefcount(key)  # C code capture does not interpret: the read breaks
+            return 3.0
+    x = torch.randn(5)
+    out = _explain(_subscript_break, x, Weird())
+    assert out.graph_count == 2 and out.graph_break_count == 1, _reasons(out)
+    kiln.reset()
+    torch.testing.assert_close(kiln.compile(_subscript_break)(x, Weird()),
+                               _subscript_break(x, Weird()))
