@@ -50,11 +50,14 @@ class ResumeLayout:
     live: tuple[str, ...]
 
 
-def check_resumable(code: types.CodeType, index: int) -> None:
-    """Raise Unsupported (with the reason) if capture cannot break and resume at `index`."""
+def check_resumable(code: types.CodeType, index: int, value_ops: bool = True) -> None:
+    """Raise Unsupported (with the reason) if capture cannot break and resume at `index`.
+    `value_ops=False` refuses the value instructions too (after NumPy tracing the retrace with
+    `.numpy()` breaking is better: arrays handed to a resume function are not traced)."""
     instrs = decode(code)
     inst = instrs[index]
-    if inst.opname not in _RESUMABLE or inst.opname == "LOAD_ATTR" and inst.method:
+    if inst.opname not in _RESUMABLE or inst.opname == "LOAD_ATTR" and inst.method or \
+            not value_ops and inst.opname in _VALUE_OPS:
         unsupported("no-resume-here", f"capture cannot resume after {inst.opname} yet")
     if code.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR):
         unsupported("no-resume-generator", "graph breaks inside generators are not supported")

@@ -260,7 +260,7 @@ def _capture_with_break(fn: types.FunctionType, f_locals: dict[str, Any], cache:
         if settings.fullgraph or err.root_index is None:
             raise
         try:
-            check_resumable(fn.__code__, err.root_index)
+            check_resumable(fn.__code__, err.root_index, value_ops=not err.numpy_traced)
         except Unsupported as why:
             err.hints = (*err.hints, "the function runs without a graph of its own (the calls "
                          f"it makes are still compiled): {why.message}")
