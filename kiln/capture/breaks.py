@@ -233,7 +233,8 @@ def route_only(fn: types.FunctionType, settings: CompileSettings) -> Callable:
 
 
 def _routed_call(settings: CompileSettings, fn: Any, args: tuple, kwnames: tuple) -> Any:
-    target = route(fn, settings)
+    # route()'s first test inlined: most call sites call C code (tensor methods, torch ops)
+    target = fn if type(fn) in _NEVER_ROUTED else route(fn, settings)
     if not kwnames:
         return target(*args)
     npos = len(args) - len(kwnames)
