@@ -25,6 +25,8 @@ __all__ = ["__version__", "compile", "explain", "ExplainOutput", "disable", "all
 def _register_specials() -> None:
     from kiln.capture.variables.builtins import kiln_specials
     kiln_specials()
+    from kiln.capture.variables.reflection import register_reflection
+    register_reflection()
 
 
 _register_specials()

@@ -31,7 +31,9 @@ __all__ = ["STACK_PREFIX", "ResumeLayout", "check_resumable", "resume_function",
 
 STACK_PREFIX = "___stack"  # resume arguments holding stack values (dead once the prefix ran)
 _BRANCHES = ("POP_JUMP_IF_TRUE", "POP_JUMP_IF_FALSE", "POP_JUMP_IF_NONE", "POP_JUMP_IF_NOT_NONE")
-_RESUMABLE = ("CALL", *_BRANCHES)
+# Value instructions a break can run natively (entry.NATIVE_VALUE_OPS), then resume after.
+_VALUE_OPS = ("BINARY_SUBSCR", "BINARY_OP", "CONTAINS_OP", "LOAD_ATTR")
+_RESUMABLE = ("CALL", "CALL_FUNCTION_EX", *_BRANCHES, *_VALUE_OPS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,11 +50,14 @@ class ResumeLayout:
     live: tuple[str, ...]
 
 
-def check_resumable(code: types.CodeType, index: int) -> None:
-    """Raise Unsupported (with the reason) if capture cannot break and resume at `index`."""
+def check_resumable(code: types.CodeType, index: int, value_ops: bool = True) -> None:
+    """Raise Unsupported (with the reason) if capture cannot break and resume at `index`.
+    `value_ops=False` refuses the value instructions too (after NumPy tracing the retrace with
+    `.numpy()` breaking is better: arrays handed to a resume function are not traced)."""
     instrs = decode(code)
     inst = instrs[index]
-    if inst.opname not in _RESUMABLE:
+    if inst.opname not in _RESUMABLE or inst.opname == "LOAD_ATTR" and inst.method or \
+            not value_ops and inst.opname in _VALUE_OPS:
         unsupported("no-resume-here", f"capture cannot resume after {inst.opname} yet")
     if code.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR):
         unsupported("no-resume-generator", "graph breaks inside generators are not supported")
@@ -102,6 +107,7 @@ def clear_break_caches() -> None:
     _resume_fns.clear()
     _route_only_codes.clear()
     _routed.clear()
+    _routed_fns.clear()
 
 
 def _build_resume_code(layout: ResumeLayout) -> types.CodeType:
@@ -155,11 +161,40 @@ CONTEXT_FACTORIES: dict[str, Any] = {
 _routed: dict[tuple, Callable] = {}
 
 
-def route(value: Any, settings: CompileSettings) -> Any:
-    """A kiln-compiled stand-in for a user function, method or module called at a break."""
+@functools.lru_cache(maxsize=None)
+def _route_deps() -> tuple:
+    """route's imports, resolved once: an import statement in a function costs ~4 us per call
+    (importlib's fromlist handling), and route runs at every call site of a route-only frame."""
     from kiln.capture.convert import compile_function
     from kiln.capture.module_wrapper import CompiledModule
     from kiln.capture.rules import DISABLED, is_library_module
+    return compile_function, CompiledModule, DISABLED, is_library_module
+
+
+# Callables route() always returns unchanged: C functions and methods (tensor methods, torch
+# ops, builtins). Checked by exact type first: route runs at every call site of a route-only frame.
+_NEVER_ROUTED = (types.BuiltinFunctionType, types.MethodWrapperType,
+                 types.WrapperDescriptorType, types.MethodDescriptorType, type)
+
+
+def route(value: Any, settings: CompileSettings) -> Any:
+    """A kiln-compiled stand-in for a user function, method or module called at a break."""
+    kind = type(value)
+    if kind in _NEVER_ROUTED:
+        return value
+    if kind is types.FunctionType:  # the answer for a function object never changes
+        known = _routed_fns.get((value, settings))
+        if known is None:
+            known = _routed_fns[(value, settings)] = _route(value, settings)
+        return known
+    return _route(value, settings)
+
+
+_routed_fns: dict[tuple, Callable] = {}
+
+
+def _route(value: Any, settings: CompileSettings) -> Any:
+    compile_function, CompiledModule, DISABLED, is_library_module = _route_deps()
     if id(value) in DISABLED:
         return value
     if isinstance(value, types.MethodType) and isinstance(value.__func__, types.FunctionType):
@@ -198,7 +233,8 @@ def route_only(fn: types.FunctionType, settings: CompileSettings) -> Callable:
 
 
 def _routed_call(settings: CompileSettings, fn: Any, args: tuple, kwnames: tuple) -> Any:
-    target = route(fn, settings)
+    # route()'s first test inlined: most call sites call C code (tensor methods, torch ops)
+    target = fn if type(fn) in _NEVER_ROUTED else route(fn, settings)
     if not kwnames:
         return target(*args)
     npos = len(args) - len(kwnames)
@@ -213,6 +249,8 @@ def _build_route_only_code(code: types.CodeType, router: Callable) -> types.Code
         if inst.opname in ("LOAD_ATTR", "LOAD_SUPER_ATTR") and inst.method:
             inst.method = False  # [attr] then [NULL, attr]: the callable always sits above NULL
             out.extend(_like(inst, [emit.push_null(), emit.swap(2)]))
+        elif inst.opname == "CALL_FUNCTION_EX":
+            out.extend(_route_call_ex(inst, router))
         elif inst.opname == "CALL" and not _is_with_exit_call(out) and \
                 not _is_comprehension_call(out) and not _is_zero_arg_super(out):
             nargs, kwnames = inst.argval
@@ -222,6 +260,20 @@ def _build_route_only_code(code: types.CodeType, router: Callable) -> types.Code
             inst.opname, inst.arg, inst.argval = "BUILD_TUPLE", nargs, nargs
             out.extend(_like(inst, tail))
     return assemble(out, code)
+
+
+def _routed_call_ex(settings: CompileSettings, operands: tuple) -> Any:
+    fn, args, *kwargs = operands
+    return route(fn, settings)(*args, **(kwargs[0] if kwargs else {}))
+
+
+def _route_call_ex(inst: Instr, router: functools.partial) -> list[Instr]:
+    """`f(*args, **kwargs)`: [NULL, f, args, (kwargs)] packed into one tuple and handed to
+    `_routed_call_ex`, which routes `f` (3.11 and 3.12 always push the NULL here)."""
+    count = 3 if inst.arg & 1 else 2
+    ex_router = functools.partial(_routed_call_ex, router.args[0])
+    inst.opname, inst.arg, inst.argval = "BUILD_TUPLE", count, count
+    return _like(inst, [emit.load_const(ex_router), emit.swap(2), emit.call(1)])
 
 
 def _is_with_exit_call(emitted: list[Instr]) -> bool:

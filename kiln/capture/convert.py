@@ -95,7 +95,14 @@ class CompiledFunction:
 
     def _point_at_first(self) -> None:
         entries = self.cache.entries
-        self.dispatch = self.dispatcher.variants[id(entries[0])] if entries else self.dispatcher.empty
+        if entries:
+            self.dispatch = self.dispatcher.variants[id(entries[0])]
+        elif self.cache.skip is not None:
+            # capture gave up for good: call the fallback (route-only copy, the user's own
+            # signature) directly instead of through the lock and `miss` on every call
+            self.dispatch = self.dispatcher.namespace["__fallback_fn"]
+        else:
+            self.dispatch = self.dispatcher.empty
 
     def slow(self, *values: Any) -> Any:
         """Every entry in most-recently-hit order, then a miss (positional arguments). The
@@ -258,7 +265,7 @@ def _capture_with_break(fn: types.FunctionType, f_locals: dict[str, Any], cache:
         if settings.fullgraph or err.root_index is None:
             raise
         try:
-            check_resumable(fn.__code__, err.root_index)
+            check_resumable(fn.__code__, err.root_index, value_ops=not err.numpy_traced)
         except Unsupported as why:
             err.hints = (*err.hints, "the function runs without a graph of its own (the calls "
                          f"it makes are still compiled): {why.message}")

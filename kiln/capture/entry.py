@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import inspect
 import types
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.fx
@@ -20,6 +20,7 @@ from kiln.capture.unsupported import unsupported
 from kiln.capture.variables.base import VT, ConstantVT, LazyVT, NotConstant, NullVT
 from kiln.capture.variables.builtins import BuiltinVT, SpecialVT
 from kiln.capture.variables.containers import BoundBuiltinMethod, DictVT, ListVT, SliceVT, TupleVT
+from kiln.capture.variables.output_dict import OutputDictVT, build_output_dict
 from kiln.capture.variables.functions import (BoundMethodVT, GeneratorVT, OpaqueCallableVT,
                                               TorchFunctionVT, UserFunctionVT)
 from kiln.capture.variables.ndarray import NdarrayVT
@@ -99,6 +100,9 @@ class _Rebuilder:
             return self._generator(vt)
         if isinstance(vt, SliceVT):
             return f"slice({self.expr(vt.start)}, {self.expr(vt.stop)}, {self.expr(vt.step)})"
+        if isinstance(vt, OutputDictVT):  # the class's own __init__ rebuilds its items
+            items = self._dict_literal(DictVT({k: vt.values[k] for k in vt.keys}))
+            return f"{self.consts.ref(build_output_dict)}({self.consts.ref(vt.cls)}, {items})"
         if isinstance(vt, NewObjectVT):
             attrs = self._dict_literal(DictVT(vt.attrs))
             return f"{self.consts.ref(new_object)}({self.consts.ref(vt.cls)}, {attrs})"
@@ -226,7 +230,8 @@ def build_break_entry_code(output: OutputGraph, tx: Translator, fn: types.Functi
         ctx.exit(tx)
     rebuild = _Rebuilder(output)
     lines = rebuild.side_effect_lines()
-    used = _names_read_after(tx.instructions, tx.break_at + 1 if inst.opname == "CALL" else
+    is_call = inst.opname in ("CALL", "CALL_FUNCTION_EX", *NATIVE_VALUE_OPS)
+    used = _names_read_after(tx.instructions, tx.break_at + 1 if is_call else
                              min(tx.break_at + 1, inst.target.index))
     if "__class__" in tx.code.co_freevars and tx.code.co_argcount:
         # a zero-arg super() later reads the first argument without a LOAD_FAST (3.11), and
@@ -253,6 +258,16 @@ def build_break_entry_code(output: OutputGraph, tx: Translator, fn: types.Functi
         nargs, kwnames = inst.argval
         below = tx.stack[:len(tx.stack) - nargs - 2]
         call = _native_call(rebuild, tx.stack[len(below):], kwnames, settings)
+        lines.extend(_inside_withs(rebuild, withs, f"__r = {call}"))
+        lines.append(f"return {resume_call(tx.break_at + 1, below, ['__r'])}")
+    elif inst.opname in NATIVE_VALUE_OPS:
+        count, render = NATIVE_VALUE_OPS[inst.opname]
+        below, operands = tx.stack[:-count], [rebuild.expr(v) for v in tx.stack[-count:]]
+        value = render(rebuild, inst, *operands)
+        lines.extend(_inside_withs(rebuild, withs, f"__r = {value}"))
+        lines.append(f"return {resume_call(tx.break_at + 1, below, ['__r'])}")
+    elif inst.opname == "CALL_FUNCTION_EX":
+        below, call = _native_call_ex(rebuild, tx.stack, inst.arg & 1, settings)
         lines.extend(_inside_withs(rebuild, withs, f"__r = {call}"))
         lines.append(f"return {resume_call(tx.break_at + 1, below, ['__r'])}")
     else:
@@ -329,6 +344,34 @@ def _native_call(rebuild: _Rebuilder, operands: list[VT], kwnames: tuple[str, ..
     parts = [rebuild.expr(a) for a in args[:npos]]
     parts += [f"{k}={rebuild.expr(v)}" for k, v in zip(kwnames, args[npos:])]
     return f"{_callee_expr(rebuild, callee, settings)}({', '.join(parts)})"
+
+
+def _binary_op(rebuild: _Rebuilder, inst: Any, a: str, b: str) -> str:
+    from kiln.capture.handlers_data import _BINARY
+    return f"{rebuild.consts.ref(_BINARY[inst.argval])}({a}, {b})"
+
+
+# Instructions other than calls and branches that a break runs natively before resuming:
+# opname -> (stack operands, how to spell the operation on their expressions).
+NATIVE_VALUE_OPS: dict[str, tuple[int, Callable[..., str]]] = {
+    "BINARY_SUBSCR": (2, lambda rebuild, inst, obj, key: f"{obj}[{key}]"),
+    "BINARY_OP": (2, _binary_op),
+    "CONTAINS_OP": (2, lambda rebuild, inst, item, obj:
+                    f"({item} {'not in' if inst.arg else 'in'} {obj})"),
+    "LOAD_ATTR": (1, lambda rebuild, inst, obj: f"getattr({obj}, {inst.argval!r})"),
+}
+
+
+def _native_call_ex(rebuild: _Rebuilder, stack: list[VT], has_kwargs: int,
+                    settings: CompileSettings) -> tuple[list[VT], str]:
+    """`f(*args, **kwargs)` at a break: the stack below [NULL, f, args, (kwargs)] and the call."""
+    count = 3 if has_kwargs else 2
+    callee, args, *kwargs = stack[-count:]
+    below = stack[:-count]
+    if below and isinstance(below[-1], NullVT):
+        below = below[:-1]
+    star = f"**{rebuild.expr(kwargs[0])}" if kwargs else ""
+    return below, f"{_callee_expr(rebuild, callee, settings)}(*{rebuild.expr(args)}, {star})"
 
 
 def _callee_expr(rebuild: _Rebuilder, callee: VT, settings: CompileSettings) -> str:

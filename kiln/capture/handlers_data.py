@@ -17,6 +17,8 @@ from kiln.capture.variables.ndarray import NdarrayVT
 from kiln.capture.variables.nn_module import ModuleVT
 from kiln.capture.variables.scalars import SymScalarVT, scalar_op
 from kiln.capture.variables.tensor import TensorVT, graph_call
+from kiln.capture.variables.mappings import is_user_mapping, mapping_read
+from kiln.capture.variables.output_dict import OutputDictVT
 
 if TYPE_CHECKING:
     from kiln.capture.bytecode import Instr
@@ -215,6 +217,10 @@ def CONTAINS_OP(tx: Translator, inst: Instr) -> None:
         found = any(_equal(item, other) for other in container.items)
     elif container.is_constant() and item.is_constant():
         found = item.as_constant() in container.as_constant()
+    elif is_user_mapping(container):
+        found = mapping_read(tx, container, "contains", item).as_constant()
+    elif isinstance(container, OutputDictVT):
+        found = container.contains(item)
     else:
         unsupported("contains", f"`in` on {container.describe()}")
     tx.push(ConstantVT(found != bool(inst.arg)))
@@ -279,6 +285,10 @@ def subscript(tx: Translator, container: VT, key: VT) -> VT:
         return container.index(tx, key.as_constant())
     if isinstance(container, (ListVT, TupleVT, DictVT)):
         return container.call_method(tx, "__getitem__", [key], {})
+    if is_user_mapping(container):
+        return mapping_read(tx, container, "getitem", key)
+    if isinstance(container, OutputDictVT):
+        return container.getitem(tx, key)
     if container.is_constant() and key.is_constant():
         from kiln.capture.variables.builder import wrap_derived
         return wrap_derived(tx, container.as_constant()[key.as_constant()])
@@ -293,6 +303,8 @@ def STORE_SUBSCR(tx: Translator, inst: Instr) -> None:
         numpy_ops.setitem(tx, container, key, value)
     elif isinstance(container, (ListVT, DictVT)):
         container.call_method(tx, "__setitem__", [key, value], {})
+    elif isinstance(container, OutputDictVT) and key.is_constant():
+        container.setattr(tx, key.as_constant(), value)
     else:
         unsupported("store-subscript", f"item assignment on {container.describe()}")
 

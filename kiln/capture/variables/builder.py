@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import inspect
 import types
 from typing import TYPE_CHECKING, Any
 
@@ -104,7 +105,8 @@ def _wrap(tx: Translator, value: Any, source: Source, module_guard: bool) -> VT:
         return NumpyFunctionVT(value, source)
     if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, types.ModuleType, type,
                           types.MethodType, types.MethodDescriptorType,
-                          types.WrapperDescriptorType)) or callable(value) and not hasattr(
+                          types.WrapperDescriptorType, functools._lru_cache_wrapper)) or \
+            callable(value) and not hasattr(
                               value, "__dict__"):
         guards.id_match(source, value, module=module_guard, location=loc)
         return _wrap_callable(tx, value, source)
@@ -134,8 +136,10 @@ def wrap_derived(tx: Translator, value: Any) -> VT:
         return TupleVT([wrap_derived(tx, v) for v in value], type(value))
     if isinstance(value, list):
         return ListVT([wrap_derived(tx, v) for v in value])
-    if type(value) is dict:
+    if type(value) is dict or isinstance(value, types.MappingProxyType):
         return DictVT({k: wrap_derived(tx, v) for k, v in value.items()})
+    if isinstance(value, (inspect.Signature, inspect.Parameter)):  # immutable reflection values
+        return ConstantVT(value)
     if isinstance(value, slice):
         return SliceVT(*(ConstantVT(p) for p in (value.start, value.stop, value.step)))
     if isinstance(value, torch.nn.Module):
@@ -154,6 +158,11 @@ def _is_numpy_function(value: Any) -> bool:
 
 def _wrap_callable(tx: Translator, value: Any, source: Source | None) -> VT:
     from kiln.capture.variables.builtins import BuiltinVT, SpecialVT
+    if isinstance(value, functools._lru_cache_wrapper) and \
+            isinstance(getattr(value, "__wrapped__", None), types.FunctionType):
+        # `@functools.lru_cache` helpers (transformers' is_*_available)
+        from kiln.capture.variables.reflection import LruCachedVT
+        return LruCachedVT(value, source)
     kind = rules.classify(value)
     if kind == "module":
         return PythonModuleVT(value, source)

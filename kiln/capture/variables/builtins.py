@@ -196,6 +196,14 @@ def _len(tx: Translator, args: Args, kwargs: Kwargs) -> VT | None:
     if isinstance(obj, ModuleVT):
         obj.guard_children(tx)
         return ConstantVT(len(obj.module))
+    from kiln.capture.variables.mappings import is_user_mapping, mapping_read
+    if is_user_mapping(obj):
+        return mapping_read(tx, obj, "len")
+    from kiln.capture.variables.output_dict import OutputDictVT
+    if isinstance(obj, OutputDictVT):
+        return ConstantVT(len(obj.keys))
+    if hasattr(obj, "python_len"):
+        return obj.python_len(tx)
     return None
 
 

@@ -99,7 +99,33 @@ class UserFunctionVT(_InlinableVT):
     def getattr(self, tx: Translator, name: str) -> VT:
         if name in ("__name__", "__qualname__", "__module__", "__doc__"):
             return ConstantVT(getattr(self.fn, name))
+        if name in _FUNCTION_ATTRS and hasattr(self.fn, name):
+            return function_attribute(tx, self.fn, name, self.source)
         return super().getattr(tx, name)
+
+
+# Reflection attributes of function objects that library decorators read (transformers'
+# `merge_with_config_defaults` reads `func.__code__.co_varnames`, `functools.wraps` chains
+# `__wrapped__`); they become constants guarded through the function's own source.
+_FUNCTION_ATTRS = ("__code__", "__defaults__", "__kwdefaults__", "__wrapped__", "__dict__",
+                   "__closure__", "__globals__", "__annotations__", "__self__", "__func__")
+
+
+def function_attribute(tx: Translator, fn: Any, name: str, source: Source | None) -> VT:
+    """`fn.<name>` as a tracker: wrapped with guards when `fn` has a source, as a constant
+    otherwise (a function capture computed itself or took from library constants)."""
+    from kiln.capture.sources import Attr
+    from kiln.capture.variables.builder import wrap, wrap_derived
+    value = getattr(fn, name)
+    if source is None:
+        return ConstantVT(value) if isinstance(value, types.CodeType) else wrap_derived(tx, value)
+    attr_source = Attr(source, name)
+    if isinstance(value, (types.CodeType, dict)) and name != "__kwdefaults__":
+        # code objects and namespaces: identity is what a reader of them relies on
+        tx.output.guards.id_match(attr_source, value, location=tx.location())
+        return ConstantVT(value, attr_source) if isinstance(value, types.CodeType) else \
+            wrap_derived(tx, value)
+    return wrap(tx, value, attr_source)
 
 
 class NestedFunctionVT(_InlinableVT):
@@ -128,6 +154,20 @@ class NestedFunctionVT(_InlinableVT):
 
     def defaults(self, tx: Translator) -> tuple[list[VT], dict[str, VT]]:
         return self._defaults, self._kwdefaults
+
+    def getattr(self, tx: Translator, name: str) -> VT:
+        if name == "__code__":
+            return ConstantVT(self._code)
+        if name in ("__name__", "__qualname__"):
+            return ConstantVT(self.qualname.rsplit(".", 1)[-1] if name == "__name__"
+                              else self.qualname)
+        if name == "__module__":
+            return ConstantVT(self._globals.get("__name__"))
+        if name == "__defaults__":
+            return TupleVT(list(self._defaults)) if self._defaults else ConstantVT(None)
+        if name == "__kwdefaults__":
+            return DictVT(dict(self._kwdefaults)) if self._kwdefaults else ConstantVT(None)
+        return super().getattr(tx, name)
 
 
 class BoundMethodVT(VT):
@@ -214,6 +254,9 @@ class SuperVT(VT):
         for klass in mro[mro.index(self.cls) + 1:]:
             if name in klass.__dict__:
                 attr = klass.__dict__[name]
+                mapping_method = _super_mapping_read(self.obj, klass, name)
+                if mapping_method is not None:  # super().get(...) in a registry class
+                    return mapping_method
                 if isinstance(attr, types.FunctionType):
                     return BoundMethodVT(UserFunctionVT(attr), self.obj)
                 if isinstance(attr, (staticmethod,)):
@@ -233,6 +276,13 @@ class SuperVT(VT):
                     unsupported("super-descriptor", f"super().{name} is a descriptor")
                 return wrap_derived(tx, attr)
         unsupported("super-attribute", f"super().{name} not found", category="user-fixable")
+
+
+def _super_mapping_read(obj: VT, klass: type, name: str) -> VT | None:
+    from kiln.capture.variables.mappings import MappingMethodVT
+    if klass.__module__ not in ("builtins", "collections.abc", "_collections_abc"):
+        return None
+    return MappingMethodVT.lookup(obj, name, owner=klass)
 
 
 class _NoopVT(VT):

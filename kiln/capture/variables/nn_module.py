@@ -29,7 +29,7 @@ _HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_back
 
 
 def module_has_hooks(module: torch.nn.Module) -> bool:
-    from torch.nn.modules import module as module_mod
+    module_mod = torch.nn.modules.module  # not an import statement: this runs on every call
     if any(getattr(module, name, None) for name in _HOOK_DICTS):
         return True
     return bool(module_mod._global_forward_hooks or module_mod._global_forward_pre_hooks
@@ -79,6 +79,8 @@ class ModuleVT(_ObjectBase):
         if name == "__class__":
             return ClassVT(self.cls)
         attr = lookup_class_attr(self.cls, name)
+        if attr is getattr(torch.nn.Module, name, None) and name in ("children", "named_children"):
+            return _ChildrenMethodVT(self, name)
         if isinstance(attr, property) or hasattr(attr, "__set__"):
             return self.class_attr(tx, name)
         instance_dict = module.__dict__
@@ -128,6 +130,8 @@ class ModuleVT(_ObjectBase):
                                                               torch.nn.ParameterDict)):
             self.guard_children(tx)
             return container(self, tx)
+        if name in ("children", "named_children") and not args and not kwargs:
+            return self._children(tx, named=name == "named_children")
         if name in ("parameters", "named_parameters", "buffers", "children", "modules"):
             unsupported("module-iteration", f"module.{name}() inside a compiled function")
         return super().call_method(tx, name, args, kwargs)
@@ -140,6 +144,21 @@ class ModuleVT(_ObjectBase):
         slot = "_parameters" if isinstance(self.module, torch.nn.ParameterList) else "_modules"
         tx.output.guards.dict_keys(DictAttr(self.source, slot), self.module.__dict__[slot],
                                    module=True)
+
+    def _children(self, tx: Translator, named: bool) -> VT:
+        """`children()` / `named_children()` as a list: each submodule once (nn.Module keeps a
+        `set` of the ones seen, which capture would have to model), skipping None slots."""
+        from kiln.capture.variables.containers import ListVT, TupleVT
+        from kiln.capture.variables.base import ConstantVT as Const
+        seen: set[int] = set()
+        items: list[VT] = []
+        for key, child in self.module._modules.items():
+            if child is None or id(child) in seen:
+                continue
+            seen.add(id(child))
+            vt = self.getattr(tx, key)
+            items.append(TupleVT([Const(key), vt]) if named else vt)
+        return ListVT(items)
 
     def unpack(self, tx: Translator) -> list[VT]:
         module = self.module
@@ -156,9 +175,13 @@ class ModuleVT(_ObjectBase):
         module = self.module
         self.guard_children(tx)
         if isinstance(module, (torch.nn.Sequential, torch.nn.ModuleList)):
-            if isinstance(key, slice):
-                unsupported("module-slice", "slicing a Sequential/ModuleList inside forward")
             keys = list(module._modules)
+            if isinstance(key, slice) and isinstance(module, torch.nn.ModuleList):
+                # `self.layers[:n]` to loop over: a list of the layers, each with its own source
+                from kiln.capture.variables.containers import ListVT
+                return ListVT([self.getattr(tx, k) for k in keys[key]])
+            if isinstance(key, slice):
+                unsupported("module-slice", "slicing a Sequential inside forward")
             return self.getattr(tx, keys[key])
         if isinstance(module, torch.nn.ModuleDict):
             return self.getattr(tx, key)
@@ -184,3 +207,13 @@ def _dict_keys(self: ModuleVT, tx: Translator) -> VT:
 _CONTAINER_METHODS = {"items": _dict_items, "values": _dict_values, "keys": _dict_keys}
 
 
+class _ChildrenMethodVT(VT):
+    """nn.Module's own `children` / `named_children`, bound to a module tracker."""
+
+    def __init__(self, owner: ModuleVT, name: str) -> None:
+        self.owner, self.name = owner, name
+
+    def call(self, tx: Translator, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        if args or kwargs:
+            unsupported("module-iteration", f"module.{self.name}() with arguments")
+        return self.owner._children(tx, named=self.name == "named_children")

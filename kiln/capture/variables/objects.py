@@ -2,6 +2,7 @@
 frame or created by the traced code), and the context managers capture understands."""
 from __future__ import annotations
 
+import abc
 import dataclasses
 import functools
 import inspect
@@ -72,6 +73,16 @@ def lookup_class_attr(cls: type, name: str) -> Any:
     return MISSING
 
 
+@functools.lru_cache(maxsize=None)
+def _function_apply(cls: type) -> Any:
+    """`cls.apply` as a plain function named after the class: FX prints a bound classmethod of
+    torch.autograd.Function as `torch.autograd.function.apply`, which does not exist."""
+    def apply(*args: Any, **kwargs: Any) -> Any:
+        return cls.apply(*args, **kwargs)
+    apply.__name__ = apply.__qualname__ = f"{cls.__name__}_apply"
+    return apply
+
+
 class ClassVT(VT):
     """A class object; calling it builds namedtuples, dataclasses and plain user objects."""
 
@@ -90,6 +101,11 @@ class ClassVT(VT):
 
     def getattr(self, tx: Translator, name: str) -> VT:
         from kiln.capture.variables.builder import wrap_derived
+        if name == "apply" and issubclass(self.cls, torch.autograd.Function):
+            # a custom autograd.Function: one graph node (its forward runs on fake tensors;
+            # the backends run `apply`, so its own backward is used)
+            from kiln.capture.variables.functions import TorchFunctionVT
+            return TorchFunctionVT(_function_apply(self.cls))
         attr = lookup_class_attr(self.cls, name)
         if isinstance(attr, staticmethod):
             return wrap_derived(tx, attr.__func__)
@@ -104,13 +120,16 @@ class ClassVT(VT):
 
     def call(self, tx: Translator, args: list[VT], kwargs: dict[str, VT]) -> VT:
         cls = self.cls
+        from kiln.capture.variables.output_dict import OutputDictVT, is_output_dict_class
+        if is_output_dict_class(cls):  # transformers' ModelOutput family
+            return OutputDictVT.construct(tx, cls, args, kwargs)
         if is_namedtuple_class(cls):
             values = _bind_namedtuple(cls, args, kwargs)
             return TupleVT(values, cls)
         if issubclass(cls, torch.nn.Module):
             unsupported("module-construction", f"creating a {cls.__qualname__} module inside a "
                         "compiled function", hint="create modules in __init__, not in forward")
-        if (cls.__new__ is object.__new__ and type(cls) is type
+        if (cls.__new__ is object.__new__ and type(cls) in (type, abc.ABCMeta)
                 and isinstance(lookup_class_attr(cls, "__init__"), types.FunctionType)):
             obj = NewObjectVT(cls)
             init = lookup_class_attr(cls, "__init__")
@@ -150,13 +169,40 @@ class _ObjectBase(VT):
         if lookup_class_attr(self.cls, "__bool__") is MISSING and \
                 lookup_class_attr(self.cls, "__len__") is MISSING:
             return True
+        for name in ("__bool__", "__len__"):  # the class's own Python answer
+            if isinstance(lookup_class_attr(self.cls, name), types.FunctionType):
+                answer = self.getattr(tx, name).call(tx, [], {})
+                if answer.is_constant():
+                    return bool(answer.as_constant())
         return super().truth(tx)
+
+    def python_len(self, tx: Translator) -> VT | None:
+        """`len(obj)` through the class's Python `__len__`, if it has one."""
+        if isinstance(lookup_class_attr(self.cls, "__len__"), types.FunctionType):
+            return self.getattr(tx, "__len__").call(tx, [], {})
+        return None
+
+    def unpack(self, tx: Translator) -> list[VT]:
+        # A collections.abc.Sequence iterates by indexing until IndexError (a try block capture
+        # cannot interpret): index up to its Python __len__ instead.
+        import collections.abc
+        if issubclass(self.cls, collections.abc.Sequence) and \
+                lookup_class_attr(self.cls, "__iter__") is collections.abc.Sequence.__iter__:
+            length = self.getattr(tx, "__len__").call(tx, [], {}).as_constant()
+            getitem = self.getattr(tx, "__getitem__")
+            return [getitem.call(tx, [ConstantVT(i)], {}) for i in range(length)]
+        return super().unpack(tx)
 
     def class_attr(self, tx: Translator, name: str) -> VT | None:
         from kiln.capture.variables.builder import wrap_derived
         attr = lookup_class_attr(self.cls, name)
         if attr is MISSING:
             return None
+        if _is_library_method(attr):  # dict's or collections.abc's own reads of a registry
+            from kiln.capture.variables.mappings import MappingMethodVT
+            method = MappingMethodVT.lookup(self, name)
+            if method is not None:
+                return method
         if isinstance(attr, types.FunctionType):
             return BoundMethodVT(wrap_derived(tx, attr), self)
         if isinstance(attr, (types.MethodDescriptorType, types.WrapperDescriptorType,
@@ -174,6 +220,14 @@ class _ObjectBase(VT):
             from kiln.capture.variables.builder import wrap
             return wrap(tx, getattr(self.cls, name), TypeAttr(self.source, name))
         return wrap_derived(tx, attr)
+
+
+def _is_library_method(attr: Any) -> bool:
+    """C methods and methods of collections.abc (not the user class's own Python code)."""
+    if isinstance(attr, (types.MethodDescriptorType, types.WrapperDescriptorType)):
+        return True
+    return isinstance(attr, types.FunctionType) and attr.__module__ in ("collections.abc",
+                                                                          "_collections_abc")
 
 
 class UserObjectVT(_ObjectBase):
@@ -216,8 +270,25 @@ class UserObjectVT(_ObjectBase):
         found = self.class_attr(tx, name)
         if found is not None:
             return found
+        redirected = self._redirected_attr(tx, name)
+        if redirected is not None:
+            return redirected
         unsupported("missing-attribute", f"{self.describe()} has no attribute {name!r}",
                     category="user-fixable")
+
+    def _redirected_attr(self, tx: Translator, name: str) -> VT | None:
+        """An attribute a Python `__getattribute__`/`__getattr__` provides (transformers' configs
+        map `num_hidden_layers` to `n_layer`): read for real, guarded through the same lookup."""
+        from kiln.capture.variables.builder import wrap, wrap_derived
+        hooks = [lookup_class_attr(self.cls, n) for n in ("__getattribute__", "__getattr__")]
+        if not any(isinstance(h, types.FunctionType) for h in hooks):
+            return None
+        try:
+            value = getattr(self.value, name)
+        except AttributeError:
+            return None
+        return wrap(tx, value, Attr(self.source, name)) if self.source else \
+            wrap_derived(tx, value)
 
     def setattr(self, tx: Translator, name: str, value: VT) -> None:
         if self.source is None:

@@ -70,6 +70,9 @@ class TensorVT(VT):
                         "is not supported yet", hint=f"read .{name} outside the compiled function")
         if callable(getattr(torch.Tensor, name, None)):
             return TensorMethodVT(self, name)
+        if not hasattr(self._type, name):  # `hasattr(t, "jax")` probes in library code
+            unsupported("missing-attribute", f"tensor has no attribute {name!r}",
+                        category="user-fixable")
         unsupported("tensor-attribute", f"tensor attribute {name!r} is not supported")
 
     def call_method(self, tx: Translator, name: str, args: list[VT],

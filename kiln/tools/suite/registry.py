@@ -78,6 +78,9 @@ SUITE: dict[str, ModelSpec] = {
 
 def get(name: str) -> ModelSpec:
     """The spec called `name`; an unknown name raises KeyError listing the suite."""
+    if name.startswith("hf:"):  # transformers models (need the `transformers` package)
+        from kiln.tools.suite import hf
+        return hf.spec(name)
     try:
         return SUITE[name]
     except KeyError:
