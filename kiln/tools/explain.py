@@ -12,7 +12,7 @@ import torch
 
 from kiln.capture import records
 from kiln.tools.compile_time import DEFINITION, format_stages, stage_seconds
-from kiln.diagnostics import GuardRecord, RecompileReason, Unsupported
+from kiln.diagnostics import GuardRecord, RecompileReason, Unsupported, user_terms
 
 __all__ = ["ExplainOutput", "explain", "op_name"]
 
@@ -70,7 +70,8 @@ def _guard_lines(guards: list[GuardRecord], verbose: bool) -> list[str]:
     lines = [f"Guards ({len(guards)}, by kind; all of them with --verbose / "
              f"render(verbose=True)):"]
     for kind, group in sorted(by_kind.items(), key=lambda item: (-len(item[1]), item[0])):
-        lines.append(f"  {len(group):4d} {kind:<14} e.g. {group[0].expr}")
+        example = user_terms(group[0].expr, group[0].location)
+        lines.append(f"  {len(group):4d} {kind:<14} e.g. {example}")
     return lines
 
 
