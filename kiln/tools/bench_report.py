@@ -185,9 +185,19 @@ def _json_value(value: Any) -> Any:
     return value
 
 
-def write_plot(rows: list[dict], out_dir: str) -> str | None:
-    """speedups.png: speedup over eager per model and compiled variant; None when matplotlib is
-    not importable."""
+def _plot_title(config: BenchConfig | None) -> str:
+    if config is None:
+        return "speedup over eager"
+    step = "training step" if config.train else "inference"
+    return (f"kiln bench: speedup over eager ({step}, {str(config.dtype).removeprefix('torch.')}"
+            f", {config.device}, size {config.size})\n"
+            f"{execution_note(config.device, config.backend).split(', so ')[0]}")
+
+
+def write_plot(rows: list[dict], out_dir: str, config: BenchConfig | None = None) -> str | None:
+    """speedups.png: speedup over eager per model (labelled with its input shape) and compiled
+    variant, each bar labelled with its value, the title saying what ran where; None when
+    matplotlib is not importable."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -195,18 +205,24 @@ def write_plot(rows: list[dict], out_dir: str) -> str | None:
     except ImportError:
         return None
     models = names(rows)
+    inputs = {r["model"]: _cell("input", r) for r in rows}
     variants = [v for v in dict.fromkeys(r["variant"] for r in rows) if v != "eager"]
-    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(models)), 4))
+    fig, ax = plt.subplots(figsize=(max(7, 1.6 * len(models)), 4.8))
     width = 0.8 / max(len(variants), 1)
     for k, variant in enumerate(variants):
         by_model = {r["model"]: r.get("speedup") or 0.0 for r in rows if r["variant"] == variant}
-        ax.bar([i + k * width for i in range(len(models))],
-               [by_model.get(m, 0.0) for m in models], width, label=variant)
-    ax.axhline(1.0, color="grey", linewidth=0.8)
+        bars = ax.bar([i + k * width for i in range(len(models))],
+                      [by_model.get(m, 0.0) for m in models], width, label=variant)
+        ax.bar_label(bars, fmt="%.2fx", fontsize=8, padding=2)
+    ax.axhline(1.0, color="grey", linewidth=0.8, label="eager (1.00x)")
     ax.set_xticks([i + width * (len(variants) - 1) / 2 for i in range(len(models))])
-    ax.set_xticklabels(models)
-    ax.set_ylabel("speedup over eager")
-    ax.legend()
+    ax.set_xticklabels([f"{m}\n{inputs.get(m, '')}" for m in models], fontsize=8)
+    ax.set_ylabel("speedup over eager (higher is faster)")
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.15)  # room for the value labels
+    ax.set_title(textwrap.fill(_plot_title(config), 90), fontsize=9)
+    # below the axes, so it never covers a bar
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=len(variants) + 1,
+              fontsize=8, frameon=False)
     fig.tight_layout()
     path = os.path.join(out_dir, "speedups.png")
     fig.savefig(path, dpi=100)
@@ -278,7 +294,7 @@ def bench_command(args: argparse.Namespace, echo: Callable[[str], None] = print)
     echo(legend(any(r.get("mem_ratio") is not None for r in rows)))
     for path in write_results(rows, config, args.out):
         echo(f"wrote {path}")
-    plot = write_plot(rows, args.out)
+    plot = write_plot(rows, args.out, config)
     echo(f"wrote {plot}" if plot else "plot skipped: matplotlib is missing")
     echo(summary_line(rows) + ("" if device != "cpu" else f" ({note.split(' (')[0]})"))
     if getattr(args, "report", False):
