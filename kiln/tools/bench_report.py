@@ -298,11 +298,11 @@ def bench_command(args: argparse.Namespace, echo: Callable[[str], None] = print)
     echo(f"wrote {plot}" if plot else "plot skipped: matplotlib is missing")
     echo(summary_line(rows) + ("" if device != "cpu" else f" ({note.split(' (')[0]})"))
     if getattr(args, "report", False):
-        echo(f"wrote {write_bench_report(config, args.out)}")
+        echo(f"wrote {write_bench_report(config, args.out, rows)}")
     return 0
 
 
-def write_bench_report(config: BenchConfig, out_dir: str) -> str:
+def write_bench_report(config: BenchConfig, out_dir: str, rows: list[dict] | None = None) -> str:
     """The HTML report of the run's first model (`python -m kiln report suite:<model>`, same
     backend, mode, device and size; training configs are reported in inference) as
     `<out_dir>/report.html`, with its debug dir beside it; returns the path."""
@@ -314,4 +314,7 @@ def write_bench_report(config: BenchConfig, out_dir: str) -> str:
     shutil.rmtree(debug_dir, ignore_errors=True)  # ours: only this run's graphs
     data = report_for_target(f"suite:{config.models[0]}", backend=backend, mode=config.mode,
                              device=config.device, size=config.size, debug_dir=debug_dir)
+    if rows:
+        data.bench_table = format_table(rows) + "\n" + legend(
+            any(r.get("mem_ratio") is not None for r in rows)) + "\n" + summary_line(rows)
     return write_report(data, os.path.join(out_dir, "report.html"))

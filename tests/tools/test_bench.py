@@ -172,6 +172,9 @@ def test_bench_report_flag_writes_the_html_report(tmp_path, monkeypatch):
     assert lines[-1] == f"wrote {report}"
     page = open(report).read()
     assert "kiln report: suite:mlp" in page and 'id="kernels"' in page
+    bench_section = page.split('id="bench"')[1].split("</section>")[0]
+    assert re.search(r"mlp +kiln +16x32 +pass", bench_section), bench_section
+    assert "summary: kiln pass rate 1/1" in bench_section
 
 
 def _fake_row(model: str, variant: str, **kw) -> dict:
