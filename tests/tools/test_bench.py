@@ -69,7 +69,8 @@ def test_rows_table_and_files_have_the_documented_columns(tmp_path):
         data = json.load(f)
     assert data["columns"] == list(COLUMNS) and len(data["rows"]) == 4
     assert data["rows"][0]["input"] == [[16, 32]]
-    assert data["config"]["kiln_runs"].startswith("on CPU kiln runs the captured graph as torch ops")
+    assert data["config"]["kiln_runs"].startswith("kiln captures the graph and the eager backend "
+                                                  "runs it as torch ops")
     assert data["summary"]["kiln"]["passed"] == 2
 
 
