@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     explain_cli.add_arguments(run_explain)
     run_report = sub.add_parser("report", help="one self-contained HTML report: breaks, "
                                 "recompiles, fusion, kernels vs the machine's ceilings",
-                                description=report_cli.__doc__,
+                                description=report_cli.DESCRIPTION,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     report_cli.add_arguments(run_report)
     args = parser.parse_args(argv)

@@ -305,3 +305,12 @@ def test_copy_bandwidth_label_sits_under_its_line():
     text_top = ly - 12  # font-size 12; the line rises to the right (y decreases)
     assert y1 < y0 and x0 <= lx
     assert text_top > line_y_at(lx), "the label's left end touches the bandwidth line"
+
+
+def test_report_help_describes_the_command_not_the_module(capsys):
+    from kiln.__main__ import main
+    with pytest.raises(SystemExit):
+        main(["report", "--help"])
+    out = capsys.readouterr().out
+    assert "Write one self-contained HTML file" in out
+    assert "`add_arguments`" not in out and "report_command" not in out
