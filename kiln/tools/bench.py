@@ -2,8 +2,9 @@
 `--compare torch`) torch.compile, side by side in one run.
 
 Per model and variant (one row each): an accuracy verdict against eager and against an fp64
-reference, the median time of one step, the speedup over eager, the cold compile time and the
-recompile time in the warm process, peak memory (CUDA only), and kiln's graph and break counts.
+reference, the median time of one step, the speedup over eager, the compile time, the first
+call, the recompile time in the warm process, peak memory (CUDA only), kiln's graph and break
+counts, and the input shapes.
 Rendering (table, CSV, JSON, plot, summary line) lives in `kiln.tools.bench_report`.
 
 Accuracy. Every tensor a step produces (inference: the outputs; training: the loss and every

@@ -46,7 +46,8 @@ def legend(memory: bool) -> str:
     """What the table's columns mean, wrapped to 100 columns."""
     text = ("input: the input shapes; vs eager / vs fp64: max normalized error against eager "
             "and an fp64 reference; ms: median per step; speedup: eager ms / ms; compile: seconds, "
-            f"{DEFINITION} (torch.compile: first call minus a steady call); graphs: kiln's graphs/breaks" +
+            f"{DEFINITION} (torch.compile: first call minus a steady call); graphs: kiln's "
+            "graphs/breaks" +
             ("; mem: peak memory / eager's (MB in results.json)" if memory else ""))
     return textwrap.fill(text, 100)
 

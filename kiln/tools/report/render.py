@@ -182,7 +182,8 @@ def _recompiles(data: ReportData) -> str:
             "no recompiles: every call after the first hit a compiled entry"))
     rows = []
     for r in data.recompiles:
-        why = "<br>".join(f"<code>{_e(user_terms(f['expr']))}</code>: expected {_e(f['expected'])}, got "
+        why = "<br>".join(f"<code>{_e(user_terms(f['expr']))}</code>: expected "
+                          f"{_e(f['expected'])}, got "
                           f"{_e(f['actual'])}" for f in r.get("failures") or ()) or \
             "no cache entry matched"
         rows.append([f"<code>{_e(user_terms(r['function']))}</code>", _location(r.get("location")),
