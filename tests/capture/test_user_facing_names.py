@@ -116,3 +116,27 @@ def test_user_terms_names_resume_frames_and_stack_values():
                                                                        "19.70"),), 2)
     assert reason.render() == ("Recompiling the code after line 5 of g, entry 2: a value live "
                                "at the graph break: expected 20.69, got 19.70")
+
+
+def _float_of_sum(x):
+    y = x.sin()
+    s = float(y.sum())
+    return y * s
+
+
+def _prints(x):
+    y = x.sin()
+    print("y")
+    return y.cos()
+
+
+def test_break_labels_say_what_kind_of_limit_it_is():
+    kiln.reset()
+    with contextlib.redirect_stdout(io.StringIO()):
+        value = kiln.explain(_float_of_sum)(torch.randn(4)).break_reasons[0].render()
+        printed = kiln.explain(_prints)(torch.randn(4)).break_reasons[0].render()
+    kiln.reset()
+    assert value.startswith("Graph break [fundamental] builtin-arguments: float() of ")
+    assert "needs the tensor's value in Python" in value and "not supported yet" not in value
+    assert "hint: the graph breaks there and the print runs in place" in printed
+    assert "once they land" not in printed
