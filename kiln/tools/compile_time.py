@@ -24,8 +24,8 @@ __all__ = ["DEFINITION", "STAGES", "first_call_line", "format_stages", "stage_se
            "timed_first_call"]
 
 STAGES = ("capture", "autograd", "lower+schedule", "codegen", "kernel compile", "backend")
-DEFINITION = ("compile = capture + autograd + lower+schedule + codegen + kernel compile (the "
-              "stages kiln recorded, summed over graphs); first call = compile + first run")
+DEFINITION = ("compile = capture + autograd + lower+schedule + codegen + kernel compile, summed "
+              "over graphs; first call = compile + first run")
 
 # pipeline timing keys (kiln.runtime.pipeline.STAGES) → the stage they belong to
 _PIPELINE = {"trace": "autograd", "lower": "lower+schedule", "schedule": "lower+schedule",
