@@ -4,7 +4,9 @@ and its explain report (on the GPU when there is one, else at a small size on th
 `python -m kiln bench`: the built-in suite under eager, kiln and torch.compile
 (`kiln.tools.bench`; `--report` also writes the HTML report of the first model).
 `python -m kiln explain TARGET`: the explain report for a user's code (`kiln.tools.explain_cli`).
-`python -m kiln report [TARGET]`: the HTML report (`kiln.tools.report`)."""
+`python -m kiln report [TARGET]`: the HTML report (`kiln.tools.report`).
+`python -m kiln fuzz`: a differential fuzzing campaign, eager vs a kiln backend
+(`kiln.tools.fuzz`, `docs/fuzzing.md`)."""
 from __future__ import annotations
 
 import argparse
@@ -66,7 +68,13 @@ def main(argv: list[str] | None = None) -> int:
                                 description=report_cli.DESCRIPTION,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     report_cli.add_arguments(run_report)
+    from kiln.tools.fuzz import cli as fuzz_cli
+    run_fuzz = sub.add_parser("fuzz", help="differential fuzzing: random programs, eager vs kiln",
+                              description=fuzz_cli.__doc__)
+    fuzz_cli.add_arguments(run_fuzz)
     args = parser.parse_args(argv)
+    if args.command == "fuzz":
+        return fuzz_cli.fuzz_command(args)
     if args.command == "bench":
         return bench_report.bench_command(args)
     if args.command == "explain":

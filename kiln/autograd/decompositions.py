@@ -19,7 +19,7 @@ import torch
 from kiln.autograd import _compat
 from kiln.autograd.rng import eager_rng, is_random
 
-__all__ = ["EXTRAS", "KEEP", "KEEP_PREFIXES", "decomposition_table", "keeps"]
+__all__ = ["EXTRAS", "FUNCTION_FIXES", "KEEP", "KEEP_PREFIXES", "decomposition_table", "keeps"]
 
 aten = torch.ops.aten
 
@@ -65,6 +65,25 @@ def _native_multi_head_attention(query: torch.Tensor, key: torch.Tensor, value: 
 
 EXTRAS: dict[_compat.OpOverload, Callable] = {
     aten._native_multi_head_attention.default: _native_multi_head_attention,
+}
+
+
+def _lstm_states_like_hx(func: Callable, args: tuple, kwargs: dict) -> object:
+    """torch.lstm with the final states in the shapes of the initial ones. torch's Python
+    kernel for aten.lstm (run under tracing, before any dispatch mode or table sees the op) ends
+    a layer with `hx.squeeze(1)` in some releases (2.11 among them) where the state is
+    [1, batch, hidden]: a no-op for batch > 1, so h_n / c_n came out [layers, 1, batch, hidden].
+    CPU eager uses mkldnn and CUDA eager cuDNN, so only the traced graph was wrong (issue 11)."""
+    out, h_n, c_n = func(*args, **kwargs)
+    hx = args[1] if isinstance(args[1], (list, tuple)) else args[2]  # (input, hx, ...) or packed
+    return out, h_n.reshape(hx[0].shape), c_n.reshape(hx[1].shape)
+
+
+# torch functions whose traced form needs a fix, applied around the call while replaying the
+# captured graph (`trace._FunctionFixes`); keyed by the function object.
+FUNCTION_FIXES: dict[Callable, Callable] = {
+    torch.lstm: _lstm_states_like_hx,
+    torch._C._VariableFunctions.lstm: _lstm_states_like_hx,
 }
 
 

@@ -12,7 +12,9 @@ and compiles that variant the first time, and runs it:
 
 Then the epilogue, outside autograd.Function: new values of mutated inputs are written back into
 the inputs, outputs that alias inputs are rebuilt as views of the real inputs, and the captured
-graph's output structure is restored.
+graph's output structure is restored. A training output that is a view of a tensor made inside
+the forward leaves the Function as its base and is viewed again outside (`_ViewOfIntermediate`):
+autograd forbids in-place writes on views created inside a custom Function, which eager allows.
 
 A variant the autograd stage refuses (AutogradUnsupported), and a call whose mutated inputs share
 memory with another input, run the captured graph eagerly instead, with the reason logged.
@@ -234,10 +236,12 @@ class TrainingVariant(Variant):
     def __call__(self, args: list) -> Any:
         if self.aliases_mutated_input(args):
             return self.eager(args)
-        return self.epilogue(args, self.function.apply(*args))
+        views: list[_ViewOfIntermediate] = []
+        outs = self.function.apply(views, *args)
+        return self.epilogue(args, _view_again(outs, views))
 
     # -- autograd.Function bodies --------------------------------------------------------------
-    def forward(self, ctx: Any, args: tuple) -> tuple:
+    def forward(self, ctx: Any, views: list, args: tuple) -> tuple:
         results = tuple(self.fw(*args))
         outs, saved = results[:self.num_fw], results[self.num_fw:]
         mutated = {id(args[i]) for i in self.joint.mutated_inputs}
@@ -254,6 +258,10 @@ class TrainingVariant(Variant):
                   if isinstance(o, torch.Tensor) and not diff]
         if frozen:
             ctx.mark_non_differentiable(*frozen)
+        views.extend(_bases_for_views(returned, num_mutated))
+        ctx.views = tuple(views)
+        for view in views:
+            returned[view.slot] = view.returned_value
         return tuple(returned)
 
     def backward(self, ctx: Any, grads: tuple) -> tuple:
@@ -261,6 +269,7 @@ class TrainingVariant(Variant):
             raise DoubleBackwardError(
                 "double backward (create_graph=True) through a compiled graph is not supported",
                 hint="call backward without create_graph, or run this code without kiln")
+        grads = _view_gradients(grads, ctx.views)
         tangents = [_coerce(grads[slot], spec)
                     for slot, spec in zip(self.tangent_slots, self.joint.tangent_specs)]
         tensors, others = iter(ctx.saved_tensors), iter(ctx.others)
@@ -275,14 +284,116 @@ class TrainingVariant(Variant):
 def _make_function(variant: TrainingVariant) -> type:
     class CompiledFunction(torch.autograd.Function):
         @staticmethod
-        def forward(ctx: Any, *args: Any) -> Any:
-            return variant.forward(ctx, args)
+        def forward(ctx: Any, views: list, *args: Any) -> Any:
+            return variant.forward(ctx, views, args)
 
         @staticmethod
         def backward(ctx: Any, *grads: Any) -> Any:
-            return variant.backward(ctx, grads)
+            return (None, *variant.backward(ctx, grads))
 
     return CompiledFunction
+
+
+@dataclasses.dataclass
+class _ViewOfIntermediate:
+    """Returned output `slot` is a view of a tensor made inside the forward. The Function returns
+    something else in that slot (`returned_value`) and the view is made again outside it, from
+    the output in `base_slot`, as `as_strided(size, stride, base offset + offset)`. Either the
+    slot returns the hidden base itself (`base_slot == slot`; the view's gradient is read back
+    out of the base's gradient), or the base is another returned output (`base_slot != slot`;
+    the slot returns None and the base's gradient already carries the view's part)."""
+
+    slot: int
+    base_slot: int
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+    returned_value: torch.Tensor | None
+    base_size: tuple[int, ...] = ()
+    base_stride: tuple[int, ...] = ()
+
+    def is_reshape_of(self, base: torch.Tensor) -> bool:
+        """The view is `base.view(size)`: both contiguous, same elements, same start."""
+        return (self.offset == 0 and base.is_contiguous() and base.numel() == _numel(self.size)
+                and _is_contiguous(self.size, self.stride))
+
+
+def _numel(size: tuple[int, ...]) -> int:
+    count = 1
+    for n in size:
+        count *= n
+    return count
+
+
+def _is_contiguous(size: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    expected = 1
+    for n, st in zip(reversed(size), reversed(stride)):
+        if n != 1 and st != expected:
+            return False
+        expected *= n
+    return True
+
+
+def _bases_for_views(returned: list, first: int) -> list[_ViewOfIntermediate]:
+    """The outputs (from index `first`, after the mutated inputs) that are views of a tensor made
+    inside the forward and can be made again outside from their base. Views that cannot be
+    rebuilt exactly (overlapping or dtype-changing views, a hidden base shared by several
+    outputs) are returned as they are: reads are right, and an in-place write on them raises, as
+    it does in eager for overlapping views."""
+    found: list[_ViewOfIntermediate] = []
+    hidden_uses: dict[int, int] = {}
+    for o in returned[first:]:
+        if isinstance(o, torch.Tensor) and o._base is not None:
+            hidden_uses[id(o._base)] = hidden_uses.get(id(o._base), 0) + 1
+    slots = {id(o): k for k, o in enumerate(returned) if isinstance(o, torch.Tensor)}
+    for k in range(first, len(returned)):
+        o = returned[k]
+        if not isinstance(o, torch.Tensor) or o._base is None or o.dtype != o._base.dtype:
+            continue
+        base = o._base
+        geometry = (tuple(o.shape), tuple(o.stride()), o.storage_offset() - base.storage_offset())
+        if id(base) in slots:
+            found.append(_ViewOfIntermediate(k, slots[id(base)], *geometry, None))
+        elif hidden_uses[id(base)] == 1 and torch._debug_has_internal_overlap(o) == 0:
+            found.append(_ViewOfIntermediate(k, k, *geometry, base, tuple(base.shape),
+                                             tuple(base.stride())))
+    return found
+
+
+def _view_again(outs: tuple, views: list[_ViewOfIntermediate]) -> tuple:
+    """The Function's outputs with each view made again outside it (see _ViewOfIntermediate)."""
+    if not views:
+        return outs
+    outs = list(outs)
+    for view in views:
+        base = outs[view.base_slot]
+        if view.is_reshape_of(base):
+            outs[view.slot] = base.view(view.size)  # its backward is a reshape, not a scatter
+        else:
+            outs[view.slot] = base.as_strided(view.size, view.stride,
+                                              base.storage_offset() + view.offset)
+    return tuple(outs)
+
+
+def _view_gradients(grads: tuple, views: tuple[_ViewOfIntermediate, ...]) -> tuple:
+    """Incoming gradients in the slots the backward graph expects: where the Function returned a
+    view's hidden base, the view's gradient is the base gradient read through the view."""
+    if not views:
+        return grads
+    grads = list(grads)
+    for view in views:
+        grad = grads[view.slot]
+        if grad is None or view.base_slot != view.slot:
+            continue
+        if view.is_reshape_of(grad):
+            grads[view.slot] = grad.view(view.size)
+            continue
+        if tuple(grad.stride()) != view.base_stride:
+            grad = torch.empty_strided(view.base_size, view.base_stride, dtype=grad.dtype,
+                                       device=grad.device).copy_(grad)
+        grads[view.slot] = grad.as_strided(view.size, view.stride,
+                                           grad.storage_offset() + view.offset)
+    return tuple(grads)
 
 
 def _coerce(grad: torch.Tensor | None, spec: TensorSpec) -> torch.Tensor:

@@ -211,6 +211,8 @@ class ATenTracer(_compat.TorchDispatchMode):
             return self._arg_node(value)
         if isinstance(value, (list, tuple)):
             return type(value)(self.to_nodes(v) for v in value)
+        if isinstance(value, dict):  # keyword arguments (SDPA's attn_mask=): inputs, not constants
+            return {k: self.to_nodes(v) for k, v in value.items()}
         return value
 
     # -- dispatch ------------------------------------------------------------------------------
@@ -453,6 +455,28 @@ def _static_inputs(reals: list, sources: tuple, num_lifted: int) -> tuple[int, .
                  or (source is not None and not source.isidentifier()))
 
 
+class _FunctionFixes(torch.overrides.TorchFunctionMode):
+    """Applies `decompositions.FUNCTION_FIXES` to torch calls of the replayed graph, also those
+    made inside a module's forward (nn.LSTM calls `_VF.lstm`)."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (),
+                           kwargs: dict | None = None) -> Any:
+        from kiln.autograd.decompositions import FUNCTION_FIXES
+
+        fix = FUNCTION_FIXES.get(func) if _hashable(func) else None
+        if fix is not None:
+            return fix(func, args, kwargs or {})
+        return func(*args, **(kwargs or {}))
+
+
+def _hashable(value: Any) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
+
+
 class _Replay(torch.fx.Interpreter):
     """Runs a torch-level graph node by node, telling the tracer which node is running."""
 
@@ -464,7 +488,8 @@ class _Replay(torch.fx.Interpreter):
 
     def run_node(self, n: torch.fx.Node) -> Any:
         self.tracer.provenance = {k: n.meta[k] for k in PROVENANCE_KEYS if k in n.meta}
-        result = super().run_node(n)
+        with _FunctionFixes():
+            result = super().run_node(n)
         if n.op not in ("placeholder", "output"):
             self.tracer.label_autograd_nodes(result)
         return result

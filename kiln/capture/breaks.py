@@ -80,7 +80,7 @@ def resume_function(fn: types.FunctionType, layout: ResumeLayout,
                     settings: CompileSettings) -> Callable:
     """The compiled resume function for `layout` (one per break point and layout)."""
     from kiln.capture.convert import compile_function
-    key = (layout, settings.key(), fn.__closure__, id(fn.__globals__))
+    key = (layout, settings.key(), closure_key(fn), id(fn.__globals__))
     compiled = _resume_fns.get(key)
     if compiled is None:
         code = _resume_codes.get(layout)
@@ -89,6 +89,12 @@ def resume_function(fn: types.FunctionType, layout: ResumeLayout,
         resume = types.FunctionType(code, fn.__globals__, code.co_name, None, fn.__closure__)
         compiled = _resume_fns[key] = compile_function(resume, settings)
     return compiled
+
+
+def closure_key(fn: types.FunctionType) -> tuple[int, ...]:
+    """The identity of `fn`'s cells (cells are unhashable). Stable while cached: the resume
+    function made for them holds the same cells, so their ids are not reused."""
+    return tuple(id(cell) for cell in fn.__closure__ or ())
 
 
 def clear_break_caches() -> None:
@@ -207,7 +213,8 @@ def _build_route_only_code(code: types.CodeType, router: Callable) -> types.Code
         if inst.opname in ("LOAD_ATTR", "LOAD_SUPER_ATTR") and inst.method:
             inst.method = False  # [attr] then [NULL, attr]: the callable always sits above NULL
             out.extend(_like(inst, [emit.push_null(), emit.swap(2)]))
-        elif inst.opname == "CALL" and not _is_with_exit_call(out):
+        elif inst.opname == "CALL" and not _is_with_exit_call(out) and \
+                not _is_comprehension_call(out) and not _is_zero_arg_super(out):
             nargs, kwnames = inst.argval
             tail = [emit.load_const(router), emit.swap(3), emit.swap(2),
                     emit.load_const(tuple(kwnames)), emit.call(3)]
@@ -222,6 +229,23 @@ def _is_with_exit_call(emitted: list[Instr]) -> bool:
     has no NULL slot, so it must not be rewritten."""
     before = emitted[-4:-1]
     return len(before) == 3 and all(i.opname == "LOAD_CONST" and i.argval is None for i in before)
+
+
+def _is_comprehension_call(emitted: list[Instr]) -> bool:
+    """`[function, iterator] CALL 0` runs a comprehension or generator expression (3.11, and
+    generator expressions on 3.12): the function sits where a method would, with no NULL slot,
+    so the call must stay as it is. A call with no arguments right after GET_ITER is only ever
+    this (a loop's GET_ITER is followed by FOR_ITER)."""
+    nargs, kwnames = emitted[-1].argval
+    return nargs == 0 and not kwnames and len(emitted) >= 2 and emitted[-2].opname == "GET_ITER"
+
+
+def _is_zero_arg_super(emitted: list[Instr]) -> bool:
+    """`super()` finds `__class__` and the first argument in the frame that calls it: called
+    through `_routed_call` it would look in the wrong frame, so it stays a native call."""
+    nargs, _ = emitted[-1].argval
+    return nargs == 0 and len(emitted) >= 2 and emitted[-2].opname == "LOAD_GLOBAL" and \
+        emitted[-2].argval == "super"
 
 
 def _like(model: Instr, instrs: list[Instr]) -> list[Instr]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import functools
+import threading
 import time
 import types
 import weakref
@@ -64,45 +65,58 @@ class CompiledFunction:
 
     def reset(self) -> None:
         """Start over from the (possibly new) shared cache for this code."""
-        self.cache: CodeCache = cache_for(self.fn.__code__, self.settings.key())
-        self.refresh()
+        with _lock:  # two threads must not make two caches for one code
+            self.cache: CodeCache = cache_for(self.fn.__code__, self.settings.key())
+            self._route_only: Callable | None = None
+            self.refresh()
 
     def refresh(self) -> None:
-        self.dispatcher = build_dispatcher(self.cache, self.fn, self.slow, self._fallback_fn())
-        self.version = self.cache.version
-        self._point_at_first()
+        with _lock:
+            self.dispatcher = build_dispatcher(self.cache, self.fn, self.slow,
+                                               self._fallback_fn())
+            self.version = self.cache.version
+            self._point_at_first()
 
     def _fallback_fn(self) -> Callable:
         """What runs when capture gave up on this code: a route-only copy (its calls are still
         compiled), or the function itself when even that cannot be built."""
         if self.cache.skip is None:
             return self.fn
-        if self.cache.fallback is None:
+        # per function object, not per code: functions sharing one code object (decorator
+        # wrappers) hold different closures and globals, and the copy runs with this one's
+        if self._route_only is None:
             try:
-                self.cache.fallback = route_only(self.fn, self.settings)
+                self._route_only = route_only(self.fn, self.settings)
             except Exception:  # noqa: BLE001 - the original function is always a safe fallback
                 _log.warning("kiln: no route-only copy of %s; it runs as is",
                              user_terms(self.fn.__qualname__), exc_info=True)
-                self.cache.fallback = self.fn
-        return self.cache.fallback
+                self._route_only = self.fn
+        return self._route_only
 
     def _point_at_first(self) -> None:
         entries = self.cache.entries
         self.dispatch = self.dispatcher.variants[id(entries[0])] if entries else self.dispatcher.empty
 
     def slow(self, *values: Any) -> Any:
-        """Every entry in most-recently-hit order, then a miss (positional arguments)."""
+        """Every entry in most-recently-hit order, then a miss (positional arguments). The
+        choice is made under the capture lock (entries and dispatchers are shared by every
+        thread); the chosen code runs outside it."""
+        with _lock:
+            target = self._choose(values)
+        return target(*values)
+
+    def _choose(self, values: tuple) -> Callable:
         if self.cache.version != self.version:  # another function object with this code compiled
             self.refresh()
         for entry in self.cache.entries:
             if self.dispatcher.checks[id(entry)](*values):
-                return self._hit(entry)(*values)
+                return self._hit(entry)
         if not compiling():  # module state changed, or another instance of the same class
             for entry in self.cache.entries:
                 if self.dispatcher.rebinds[id(entry)](*values):
                     entry.version[0] = MODULE_VERSION[0]
-                    return self._hit(entry)(*values)
-        return self.miss(*values)(*values)
+                    return self._hit(entry)
+        return self.miss(*values)
 
     def _hit(self, entry: CacheEntry) -> Callable:
         self.cache.promote(entry)
@@ -187,6 +201,9 @@ class CompiledFunction:
 
 
 _live: weakref.WeakSet[CompiledFunction] = weakref.WeakSet()
+# Held while a dispatcher picks an entry on its slow path, captures or rebuilds; re-entrant
+# because capture compiles resume functions. Guard hits in the generated variants never take it.
+_lock = threading.RLock()
 
 
 def reset_compiled_functions() -> None:

@@ -3,6 +3,7 @@ function (read inputs, call the compiled graph, replay side effects, rebuild the
 caller's exact Python structure), and the FX GraphModule handed to the backend."""
 from __future__ import annotations
 
+import functools
 import inspect
 import types
 from typing import TYPE_CHECKING, Any
@@ -12,7 +13,9 @@ import torch.fx
 
 from kiln.capture.breaks import (CONTEXT_FACTORIES, STACK_PREFIX, ResumeLayout, resume_function,
                                  route)
+from kiln.capture.guards import Guard
 from kiln.capture.handlers_calls import WithExitVT
+from kiln.capture.sources import attr_expr
 from kiln.capture.unsupported import unsupported
 from kiln.capture.variables.base import VT, ConstantVT, LazyVT, NotConstant, NullVT
 from kiln.capture.variables.builtins import BuiltinVT, SpecialVT
@@ -89,9 +92,9 @@ class _Rebuilder:
         if isinstance(vt, BoundMethodVT):
             return f"{self.expr(vt.fn)}.__get__({self.expr(vt.self_vt)})"
         if isinstance(vt, TensorMethodVT):
-            return f"{self.expr(vt.tensor)}.{vt.name}"
+            return attr_expr(self.expr(vt.tensor), vt.name)
         if isinstance(vt, (BoundBuiltinMethod, OpaqueMethodVT)):
-            return f"{self.expr(vt.owner)}.{vt.name}"
+            return attr_expr(self.expr(vt.owner), vt.name)
         if isinstance(vt, GeneratorVT):
             return self._generator(vt)
         if isinstance(vt, SliceVT):
@@ -217,6 +220,7 @@ def build_break_entry_code(output: OutputGraph, tx: Translator, fn: types.Functi
     the graph, replay side effects, run that instruction natively inside the active `with`
     blocks, and continue in the compiled resume function(s)."""
     inst = tx.instructions[tx.break_at]
+    _guard_frame_identity(output, fn)
     withs = [v.ctx for v in tx.stack if isinstance(v, WithExitVT)]
     for ctx in reversed(withs):  # the graph leaves every `with` block it is inside
         ctx.exit(tx)
@@ -224,6 +228,10 @@ def build_break_entry_code(output: OutputGraph, tx: Translator, fn: types.Functi
     lines = rebuild.side_effect_lines()
     used = _names_read_after(tx.instructions, tx.break_at + 1 if inst.opname == "CALL" else
                              min(tx.break_at + 1, inst.target.index))
+    if "__class__" in tx.code.co_freevars and tx.code.co_argcount:
+        # a zero-arg super() later reads the first argument without a LOAD_FAST (3.11), and
+        # expects it first in the resume function's locals too (live keeps varnames order)
+        used.add(tx.code.co_varnames[0])
     live_locals = [n for n in tx.code.co_varnames if n in tx.locals and n in used and n not in
                    tx.code.co_cellvars and not isinstance(tx.locals[n], NullVT)
                    and not n.startswith(STACK_PREFIX)]
@@ -254,6 +262,22 @@ def build_break_entry_code(output: OutputGraph, tx: Translator, fn: types.Functi
         lines.append(f"    return {resume_call(inst.target.index, below, [])}")
         lines.append(f"return {resume_call(tx.break_at + 1, below, [])}")
     return _finish(output, rebuild, lines)
+
+
+def _guard_frame_identity(output: OutputGraph, fn: types.FunctionType) -> None:
+    """A break entry calls a resume function made with `fn`'s closure and globals. Functions
+    sharing one code object (every function a decorator wrapped) share the cache, so the entry
+    may only run for a function holding these very cells and globals."""
+    consts = output.consts
+    if fn.__closure__:
+        output.guards.add(Guard("__cells", "is", consts.ref(fn.__closure__), fn.__closure__,
+                                f"{fn.__qualname__}.__closure__", "closure",
+                                display=f"{fn.__qualname__}.__closure__ is the one seen at "
+                                        "compile time"))
+    output.guards.add(Guard("__G", "is", consts.ref(fn.__globals__), fn.__globals__,
+                            f"{fn.__qualname__}.__globals__", "globals",
+                            display=f"{fn.__qualname__}.__globals__ is the module seen at "
+                                    "compile time"))
 
 
 _READS = ("LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_AND_CLEAR", "DELETE_FAST", "LOAD_DEREF",
@@ -319,4 +343,9 @@ def _callee_expr(rebuild: _Rebuilder, callee: VT, settings: CompileSettings) -> 
         value = callee.as_constant()
     except NotConstant:
         return rebuild.expr(callee)
+    if callee.source is not None:
+        # routed at run time from where it is read: an entry shared by instances of one class
+        # (guards.InstanceSlot) must call this instance's submodule, not the first one's
+        router = rebuild.consts.ref(functools.partial(route, settings=settings))
+        return f"{router}({callee.source.expr()})"
     return rebuild.consts.ref(route(value, settings))

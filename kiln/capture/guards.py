@@ -131,10 +131,11 @@ class Constants:
         return self._index[key]
 
     def literal_or_ref(self, value: Any) -> str:
-        if isinstance(value, _LITERAL_TYPES) or (isinstance(value, float) and value == value
-                                                 and value not in (float("inf"), float("-inf"))):
+        # exact types: a subclass (an IntEnum, a str with its own __repr__) may print as anything
+        if type(value) in _LITERAL_TYPES or (type(value) is float and value == value
+                                             and value not in (float("inf"), float("-inf"))):
             return repr(value)
-        if isinstance(value, tuple) and all(type(v) is int for v in value):
+        if type(value) is tuple and all(type(v) is int for v in value):
             return repr(value)
         return self.ref(value)
 

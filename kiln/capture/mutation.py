@@ -24,6 +24,9 @@ _MODULE_METHODS = (
     "register_full_backward_hook", "register_full_backward_pre_hook", "register_backward_hook",
     "_apply",
 )
+# container methods that change `_modules` directly, without a bumping method above
+_CONTAINER_METHODS = ((torch.nn.ModuleDict, "__delitem__"), (torch.nn.ModuleDict, "clear"),
+                      (torch.nn.ModuleList, "insert"), (torch.nn.Sequential, "insert"))
 _GLOBAL_HOOK_FUNCTIONS = (
     "register_module_forward_hook", "register_module_forward_pre_hook",
     "register_module_full_backward_hook", "register_module_full_backward_pre_hook",
@@ -57,6 +60,10 @@ def install() -> None:
             setattr(module_mod, name, patched)
             if hasattr(torch.nn.modules, name):
                 setattr(torch.nn.modules, name, patched)
+    for cls, name in _CONTAINER_METHODS:
+        original = cls.__dict__[name]
+        if not getattr(original, "__kiln_bumps__", False):
+            setattr(cls, name, _bumping(original))
     handle_remove = hooks_mod.RemovableHandle.remove
     if not getattr(handle_remove, "__kiln_bumps__", False):
         hooks_mod.RemovableHandle.remove = _bumping(handle_remove)

@@ -26,11 +26,22 @@ DISABLED: set[int] = set()
 # torch Python functions that must be interpreted, not recorded as one node.
 _INLINE_TORCH_PREFIXES = ("torch.nn.modules.", "torch.utils._contextlib")
 # torch functions with side effects on global state, or that need real values.
+# They are Python functions in torch, so this table is read before torch functions become graph
+# nodes: as nodes they would be dropped (their results are unused) or run at the wrong time.
 _UNSUPPORTED_TORCH = {
     torch.manual_seed: "sets the global random seed",
+    torch.seed: "sets the global random seed",
+    torch.set_rng_state: "sets the global random state",
+    torch.get_rng_state: "reads the global random state",
+    torch.random.fork_rng: "saves and restores the global random state",
     torch.set_default_dtype: "changes the default dtype",
+    torch.set_default_device: "changes the default device",
     torch.set_grad_enabled.__init__: "changes grad mode",
 }
+for _name in ("manual_seed", "manual_seed_all", "seed", "seed_all", "set_rng_state",
+              "set_rng_state_all", "get_rng_state", "get_rng_state_all"):
+    if hasattr(torch.cuda, _name):
+        _UNSUPPORTED_TORCH[getattr(torch.cuda, _name)] = "reads or sets the CUDA random state"
 _PURE_MODULES = (math, operator)
 
 
@@ -67,14 +78,14 @@ def classify(value: Any) -> str:
     if isinstance(value, types.MethodType):
         return "method"
     module = getattr(value, "__module__", None) or ""
+    if _unsupported_torch(value) is not None:
+        return "unsupported"
     if isinstance(value, types.FunctionType):
         if module.startswith("torch") and not module.startswith(_INLINE_TORCH_PREFIXES):
             return "graph"
         if _is_stdlib(module):
             return "unsupported"  # logging, I/O, ...: run natively at a graph break
         return "inline"
-    if _hashable(value) and value in _UNSUPPORTED_TORCH:
-        return "unsupported"
     if module.startswith("torch") or isinstance(value, (types.MethodDescriptorType,
                                                         types.WrapperDescriptorType)) and \
             getattr(value, "__objclass__", None) is torch._C.TensorBase:
@@ -99,12 +110,25 @@ def why_unsupported(value: Any) -> str:
     module = getattr(value, "__module__", None) or "?"
     if id(value) in DISABLED:
         return f"{name} is wrapped by kiln.disable"
-    if _hashable(value) and value in _UNSUPPORTED_TORCH:
-        return f"{module}.{name} {_UNSUPPORTED_TORCH[value]}"
+    if _unsupported_torch(value) is not None:
+        return f"{module}.{name} {_unsupported_torch(value)}"
     if isinstance(value, types.FunctionType) and _is_stdlib(module):
         return f"{module}.{name} is standard-library code (I/O, logging, ...), which runs natively"
     return (f"{module}.{name} is not Python code capture can read and not a torch function "
             f"(a C extension or an unknown callable of type {type(value).__name__})")
+
+
+def _unsupported_torch(value: Any) -> str | None:
+    """Why `value` (or a function it wraps) is in _UNSUPPORTED_TORCH. torch._dynamo replaces
+    `torch.manual_seed` by a functools.wraps wrapper when it is imported, so identity alone
+    misses it."""
+    for _ in range(8):  # a few layers of __wrapped__ at most
+        if _hashable(value) and value in _UNSUPPORTED_TORCH:
+            return _UNSUPPORTED_TORCH[value]
+        value = getattr(value, "__wrapped__", None)
+        if value is None:
+            return None
+    return None
 
 
 def _is_builtin(value: Any) -> bool:

@@ -14,13 +14,33 @@ Generated code sees these names: the frame's own argument names, `__G` (the func
 """
 from __future__ import annotations
 
+import keyword
+import math
 import re
 from dataclasses import dataclass
 
 __all__ = [
     "Source", "Local", "Global", "Closure", "Attr", "DictAttr", "Param", "Buffer", "SubModule",
-    "Item", "ConstSource", "FnClosure", "TypeAttr",
+    "Item", "ConstSource", "FnClosure", "TypeAttr", "RefItem", "attr_expr", "is_literal_key",
 ]
+
+
+def attr_expr(base: str, attr: str) -> str:
+    """`base.attr` as source; `getattr(base, 'attr')` when the name is not an identifier
+    (`getattr(obj, "weight-2")` must never read as `obj.weight - 2`)."""
+    if type(attr) is str and attr.isidentifier() and not keyword.iskeyword(attr):
+        return f"{base}.{attr}"
+    return f"getattr({base}, {str(attr)!r})"
+
+
+def is_literal_key(key: object) -> bool:
+    """Whether `repr(key)` is Python source for an equal value (exact builtin types only: a
+    subclass, an enum or any other object may print as anything)."""
+    if type(key) in (str, int, bool, bytes, type(None)):
+        return True
+    if type(key) is float:
+        return math.isfinite(key)
+    return type(key) is tuple and all(is_literal_key(k) for k in key)
 
 
 class Source:
@@ -99,7 +119,7 @@ class Attr(_Derived):
     attr: str
 
     def expr(self) -> str:
-        return f"{self.base.expr()}.{self.attr}"
+        return attr_expr(self.base.expr(), self.attr)
 
     def name(self) -> str:
         return f"{self.base.name()}.{self.attr}"
@@ -111,7 +131,7 @@ class TypeAttr(_Derived):
     attr: str
 
     def expr(self) -> str:
-        return f"type({self.base.expr()}).{self.attr}"
+        return attr_expr(f"type({self.base.expr()})", self.attr)
 
     def name(self) -> str:
         return f"type({self.base.name()}).{self.attr}"
@@ -156,10 +176,26 @@ class Item(_Derived):
     key: object
 
     def expr(self) -> str:
+        if not is_literal_key(self.key):  # a kiln bug: such keys are RefItem sources
+            raise TypeError(f"key {type(self.key).__name__} cannot be rendered as source")
         return f"{self.base.expr()}[{self.key!r}]"
 
     def name(self) -> str:
         return f"{self.base.name()}[{self.key!r}]"
+
+
+@dataclass(frozen=True)
+class RefItem(_Derived):
+    """`base[key]` for a key whose repr is not source: the key is a constant bound by the cache
+    (`key_expr`, from `Constants.ref`); `label` is its repr for the user."""
+    key_expr: str
+    label: str
+
+    def expr(self) -> str:
+        return f"{self.base.expr()}[{self.key_expr}]"
+
+    def name(self) -> str:
+        return f"{self.base.name()}[{self.label}]"
 
 
 @dataclass(frozen=True)

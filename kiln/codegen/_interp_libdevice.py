@@ -11,7 +11,8 @@ import numpy as np
 import triton.language as tl
 from triton.runtime.interpreter import TensorHandle
 
-__all__ = ["atan2", "expm1", "fmod", "log1p", "nearbyint", "pow", "tan", "tanh", "trunc"]
+__all__ = ["atan2", "check_index", "expm1", "fmod", "log1p", "nearbyint", "pow", "tan", "tanh",
+           "trunc"]
 
 
 def _wrap(np_fn):
@@ -34,3 +35,18 @@ nearbyint = _wrap(np.rint)
 pow = _wrap(np.power)
 atan2 = _wrap(np.arctan2)
 fmod = _wrap(np.fmod)
+
+
+class KernelIndexError(IndexError, RuntimeError):
+    """An out-of-range index in a generated kernel. Eager raises IndexError for some ops (`x[i]`,
+    embedding) and RuntimeError for others (gather, index_select); this is both, so a caller's
+    `except` written against eager still catches it."""
+
+
+def check_index(ok: tl.tensor) -> None:
+    """The interpreter's `_check_index`: Triton's interpreter drops `tl.device_assert` (it reads
+    no debug option), so a kernel that would read outside a buffer raises here instead."""
+    data = np.asarray(ok.handle.data)
+    if not data.all():
+        raise KernelIndexError(f"kiln: index out of bounds in a generated kernel "
+                         f"({int((~data.astype(bool)).sum())} lanes)")

@@ -23,6 +23,7 @@ header listing every member with its IR and the FX nodes / user lines it came fr
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import math
 import re
@@ -56,6 +57,13 @@ if os.environ.get("TRITON_INTERPRET") == "1":  # the interpreter does not patch 
 else:
     from triton.language.extra import libdevice
 
+if os.environ.get("TRITON_INTERPRET") == "1":  # device asserts are no-ops when interpreted
+    from kiln.codegen._interp_libdevice import check_index as _check_index
+else:
+    @triton.jit
+    def _check_index(ok):
+        tl.device_assert(ok, "kiln: index out of bounds")
+
 ''' + PRELUDE_HELPERS + FAST_MATH_HELPERS
 
 _PREFIX = {"pointwise": "kiln_poi", "pointwise_2d": "kiln_tile", "persistent_reduction": "kiln_per",
@@ -78,6 +86,8 @@ class KernelSpec:
         | "looped_reduction". numel / rnumel: the output and reduction sizes. origins: FX nodes
         it came from. config: the `KernelConfig` it was emitted with. members: the group's
         buffer names in order. reduction_class: "inner" | "outer" ("" for pointwise).
+    index_checks: the kernel bounds-checks indirect indices with `tl.device_assert`, which
+        Triton compiles only with debug=True (`compile_options`).
     """
 
     name: str
@@ -97,6 +107,7 @@ class KernelSpec:
     num_stages: int = 1
     members: tuple[str, ...] = ()
     reduction_class: str = ""
+    index_checks: bool = False
 
     @property
     def meta_dict(self) -> dict[str, int]:
@@ -109,7 +120,29 @@ class KernelSpec:
 
     def launch_options(self) -> dict[str, int]:
         """The keyword arguments of `kernel[grid](*pointers, **options)`."""
-        return {**self.meta_dict, "num_warps": self.num_warps, "num_stages": self.num_stages}
+        return {**self.meta_dict, "num_warps": self.num_warps, "num_stages": self.num_stages,
+                **self.compile_options()}
+
+    def compile_options(self) -> dict[str, bool]:
+        """Triton compile options beyond warps and stages: debug mode keeps the bounds
+        checks' device asserts; its integer-overflow sanitizer stays off (eager wraps)."""
+        if not self.index_checks:
+            return {}
+        options = {"debug": True}
+        if _has_overflow_sanitizer():
+            options["sanitize_overflow"] = False
+        return options
+
+
+@functools.lru_cache(maxsize=1)
+def _has_overflow_sanitizer() -> bool:
+    """Whether this Triton's CUDA options know `sanitize_overflow` (an unknown keyword is a
+    KeyError at launch)."""
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+    except ImportError:
+        return False
+    return "sanitize_overflow" in getattr(CUDAOptions, "__dataclass_fields__", {})
 
 
 # -- naming and header -------------------------------------------------------------------------
@@ -233,7 +266,8 @@ def _spec(group: FusedGroup, config: KernelConfig, name: str, source: str,
                       reads=reads, writes=writes, meta=config.meta, num_warps=config.num_warps,
                       grid=grid, kind=config.kind, numel=group.numel, rnumel=group.rnumel,
                       origins=group.origins, config=config, num_stages=config.num_stages,
-                      members=tuple(n.name for n in group.nodes), reduction_class=red_class)
+                      members=tuple(n.name for n in group.nodes), reduction_class=red_class,
+                      index_checks=printer.index_checks > 0)
 
 
 def _emit_tiled(group: FusedGroup, graph: IRGraph | None, config: KernelConfig) -> KernelSpec:

@@ -115,6 +115,7 @@ class TritonPrinter(OpsHandler):
         self._cse: dict[str, TV] = {}
         self._count = 0
         self._indirect: set[str] = set()
+        self.index_checks = 0  # bounds checks emitted (the kernel then compiles with debug=True)
         self.reductions: list[str] = []
         self._constants: dict[str, Any] = {}  # variable name -> the Python constant it holds
         # Kernel-shape hooks, set by the group emitter (`group.py`):
@@ -288,17 +289,41 @@ class TritonPrinter(OpsHandler):
         return self._emit(f"({self.index(expr)}).to({triton_dtype(dtype)})", dtype)
 
     def indirect_indexing(self, value: TV, size: int, check: bool = True) -> Expr:
-        v = self._emit(f"{value}.to(tl.int32)" if size < 2**31 else f"{value}.to(tl.int64)",
-                       None, cse=False)
-        wrapped = self._emit(f"tl.where({v} < 0, {v} + {size}, {v})", None, cse=False)
+        # wrap and check in the index's own dtype: a cast to int32 first would fold 2**32 + 1
+        # into range
+        v = self._emit(f"tl.where({value} < 0, {value} + {size}, {value})", None, cse=False)
+        if check:
+            self._check_index(v, size)
+        cast = "tl.int32" if size < 2**31 else "tl.int64"
+        wrapped = self._emit(f"{v}.to({cast})", None, cse=False)
         self._indirect.add(wrapped.name)
         return sym(wrapped.name, size)
+
+    def _check_index(self, v: TV, size: int) -> None:
+        """Eager raises on an index outside [-size, size); a kernel would read other memory.
+        `_check_index` is a device assert (kernels with checks compile with debug=True) or,
+        interpreted, an IndexError; lanes outside the masks loaded no index and are skipped."""
+        ok = f"(0 <= {v}) & ({v} < {size})"
+        parts = [self.xmask] if self.xmask else []
+        if self.two_d and self.rmask:
+            parts.append(self.rmask)
+        parts += [f"({m})" for m in self.masks]
+        if parts:
+            ok = f"({ok}) | ~({' & '.join(parts)})"
+        self.lines.append(f"_check_index({ok})")
+        self.index_checks += 1
 
     def to_dtype(self, x: TV, dtype: torch.dtype) -> TV:
         if x.dtype == dtype:
             return x
         if dtype == torch.bool:
             return self._emit(f"{x} != 0", dtype)
+        if dtype in (torch.bfloat16, torch.float16) and x.dtype is not None \
+                and not x.dtype.is_floating_point:
+            # Integers reach half types through float32, as torch's own conversion does (it
+            # has no direct int -> bf16 path); Triton's interpreter also reinterprets the bits
+            # of a direct int -> bf16 cast.
+            return self._emit(f"{x}.to(tl.float32).to({triton_dtype(dtype)})", dtype)
         return self._emit(f"{x}.to({triton_dtype(dtype)})", dtype)
 
     def where(self, cond: TV, a: TV, b: TV) -> TV:

@@ -19,6 +19,7 @@ __all__ = [
     "fake_tensor_like",
     "full_decomposition_table",
     "new_fake_mode",
+    "storage_key",
     "trace_aten",
     "trace_fake",
     "tree_flatten",
@@ -30,6 +31,13 @@ OpOverload = torch._ops.OpOverload
 tree_flatten = torch.utils._pytree.tree_flatten
 tree_leaves = torch.utils._pytree.tree_leaves
 tree_unflatten = torch.utils._pytree.tree_unflatten
+
+
+def storage_key(tensor: torch.Tensor) -> Any:
+    """Equal for two tensors exactly when they share a storage (fake tensors too)."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    return StorageWeakRef(tensor.untyped_storage())
 
 
 def core_aten_decompositions() -> dict:

@@ -51,7 +51,7 @@ def build_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None =
     _bind_inputs(gm, example_inputs, builder, interp)
     outputs = interp.run_nodes(list(gm.graph.nodes))
     values = _compat.tree_leaves(outputs, is_leaf=_is_leaf)
-    builder.graph.outputs = [_output(builder, v, m) for v, m in zip(values, metas)]
+    builder.graph.outputs = _outputs(builder, values, metas)
     log.debug("lowered %d FX nodes into %r in %.3f s", len(gm.graph.nodes), builder.graph,
               time.perf_counter() - start)
     return builder.graph
@@ -71,13 +71,15 @@ def _is_leaf(x: Any) -> bool:
 def _bind_inputs(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None,
                  builder: GraphBuilder, interp: Interpreter) -> None:
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    for i, node in enumerate(placeholders):
-        val = node.meta.get("val")
-        if example_inputs is not None and i < len(example_inputs) and \
-                isinstance(example_inputs[i], torch.Tensor):
-            val = example_inputs[i]
+    values = [_input_value(n, i, example_inputs) for i, n in enumerate(placeholders)]
+    device = _compute_device(values)
+    for node, val in zip(placeholders, values):
         if isinstance(val, torch.Tensor):
-            layout = Layout(val.dtype, val.device, tuple(val.shape), tuple(val.stride()),
+            where = val.device
+            if _host_scalar(val, device):
+                where = device
+                builder.graph.moved_inputs.append(node.name)
+            layout = Layout(val.dtype, where, tuple(val.shape), tuple(val.stride()),
                             val.storage_offset())
             buf = InputBuffer(node.name, layout, (_origin(node),))
             builder.graph.add_buffer(buf)
@@ -91,6 +93,8 @@ def _bind_inputs(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None,
             value = getattr(gm, node.target)
             if not isinstance(value, torch.Tensor):
                 raise LoweringError(f"get_attr {node.target} is not a tensor")
+            if _host_scalar(value, device):  # `x[:, 1:] = 2.0` lifts a CPU scalar tensor
+                value = value.to(device)
             layout = Layout(value.dtype, value.device, tuple(value.shape), tuple(value.stride()),
                             value.storage_offset())
             buf = ConstantBuffer(node.name, layout, value, (_origin(node),))
@@ -99,8 +103,80 @@ def _bind_inputs(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None,
             interp.env[node] = BufferValue(buf)
 
 
+def _input_value(node: torch.fx.Node, i: int, example_inputs: Sequence[Any] | None) -> Any:
+    if example_inputs is not None and i < len(example_inputs) and \
+            isinstance(example_inputs[i], torch.Tensor):
+        return example_inputs[i]
+    return node.meta.get("val")
+
+
+def _compute_device(values: Sequence[Any]) -> torch.device | None:
+    """The accelerator the graph computes on, if any input lives on one."""
+    return next((v.device for v in values
+                 if isinstance(v, torch.Tensor) and v.device.type != "cpu"), None)
+
+
+def _host_scalar(value: torch.Tensor, device: torch.device | None) -> bool:
+    """A 0-dim CPU tensor in a graph on an accelerator: eager allows the mix, a generated
+    kernel would dereference a host pointer on the device (an illegal memory access)."""
+    return device is not None and value.device.type == "cpu" and value.dim() == 0
+
+
 def _origin(node: torch.fx.Node) -> Origin:
     return Origin(node.name, node.op, node.meta.get("user_location"))
+
+
+def _outputs(builder: GraphBuilder, values: list, metas: list) -> list:
+    """Each output as a strided view of a buffer. Outputs that share a storage in eager (a view
+    and its base) become views of one buffer, so an in-place op on one shows through the other:
+    the base is realized first and the others are placed in it by their eager geometry."""
+    out: list[Any] = [None] * len(values)
+    for group in _alias_groups(metas):
+        base = max(group, key=lambda i: metas[i].numel())
+        out[base] = _output(builder, values[base], metas[base])
+        for i in group:
+            if i != base:
+                out[i] = _alias_of(out[base], metas[base], metas[i]) or \
+                    _output(builder, values[i], metas[i])
+    for i, (value, meta) in enumerate(zip(values, metas)):
+        if out[i] is None:
+            out[i] = _output(builder, value, meta)
+    return out
+
+
+def _alias_groups(metas: list) -> list[list[int]]:
+    """Indices of tensor outputs sharing one storage, groups of two or more."""
+    groups: dict[Any, list[int]] = {}
+    for i, meta in enumerate(metas):
+        if isinstance(meta, torch.Tensor) and meta.numel() > 0:
+            groups.setdefault(_compat.storage_key(meta), []).append(i)
+    return [g for g in groups.values() if len(g) > 1]
+
+
+def _alias_of(base: Any, base_meta: torch.Tensor, meta: torch.Tensor) -> TensorArg | None:
+    """`meta` as a view of `base`'s buffer: valid when the base's elements are dense in its
+    storage with eager's strides (then storage position p is buffer position p + shift) and
+    `meta` lies inside them."""
+    if not isinstance(base, TensorArg) or not _same_strides(base, base_meta.stride()) \
+            or meta.dtype != base_meta.dtype:
+        return None
+    lo, hi = _span(base_meta)
+    if hi - lo + 1 != base_meta.numel():
+        return None
+    mlo, mhi = _span(meta)
+    if mlo < lo or mhi > hi:
+        return None
+    offset = base.offset + meta.storage_offset() - base_meta.storage_offset()
+    return TensorArg(base.name, base.dtype, tuple(meta.shape), tuple(meta.stride()), offset)
+
+
+def _span(meta: torch.Tensor) -> tuple[int, int]:
+    """The lowest and highest storage positions `meta` covers."""
+    lo = hi = meta.storage_offset()
+    for size, stride in zip(meta.shape, meta.stride()):
+        reach = (size - 1) * stride
+        lo, hi = (lo + reach, hi) if reach < 0 else (lo, hi + reach)
+    return lo, hi
 
 
 def _output(builder: GraphBuilder, value: Any, meta: Any) -> TensorArg | Any:

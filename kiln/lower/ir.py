@@ -377,6 +377,9 @@ class IRGraph:
     mutations: (input name, TensorArg) pairs: copy the value into the input after the run
         (in-place updates of graph inputs, e.g. BatchNorm running statistics).
     buffers: every buffer by name.
+    moved_inputs: names of 0-dim CPU inputs of a graph that computes on another device (eager
+        mixes a CPU scalar tensor with CUDA tensors): their layouts say the graph's device and
+        the wrapper copies them there first, since a kernel cannot read host memory.
     """
 
     def __init__(self) -> None:
@@ -386,6 +389,7 @@ class IRGraph:
         self.outputs: list[TensorArg | Any] = []
         self.mutations: list[tuple[str, TensorArg]] = []
         self.buffers: dict[str, Buffer] = {}
+        self.moved_inputs: list[str] = []
 
     def add_buffer(self, buf: Buffer) -> Buffer:
         if buf.name in self.buffers:

@@ -39,7 +39,7 @@ from kiln.errors import KilnError
 from kiln.runtime import binaries
 from kiln.runtime.cache import configure_triton_cache
 
-__all__ = ["Launcher", "build_launchers", "compile_mode", "stage_timer"]
+__all__ = ["Launcher", "build_launchers", "check_kernel_devices", "compile_mode", "stage_timer"]
 
 log = logging.getLogger("kiln.runtime")
 
@@ -87,6 +87,9 @@ class Launcher:
         num_stages = getattr(spec, "num_stages", None)
         if num_stages is not None:
             self.options["num_stages"] = int(num_stages)
+        compile_options = getattr(spec, "compile_options", None)
+        if compile_options is not None:
+            self.options.update(compile_options())
         self.kernel: Any = None
         self.fast = False
         self.source = ""
@@ -98,10 +101,14 @@ class Launcher:
         return f"Launcher({self.name}, grid={self.grid}, meta={self.meta}, {route})"
 
     def __call__(self, *tensors: torch.Tensor, stream: int | None = None) -> None:
-        if stream is None:
-            self._launch(*tensors)
-        else:
-            self._launch(*tensors, stream=stream)
+        try:
+            if stream is None:
+                self._launch(*tensors)
+            else:
+                self._launch(*tensors, stream=stream)
+        except TypeError:  # the bound route skips the arity check: name the spec's arguments
+            self._check_arity(tensors)
+            raise
 
     # -- routes ----------------------------------------------------------------------------
 
@@ -112,7 +119,12 @@ class Launcher:
 
     def _generic_launch(self, *tensors: torch.Tensor, stream: int | None = None) -> None:
         self._check_arity(tensors)
-        self.fn[self.grid](*(_storage(t) for t in tensors), **self.meta, **self.options)
+        try:
+            self.fn[self.grid](*(_storage(t) for t in tensors), **self.meta, **self.options)
+        except Exception as exc:  # the interpreter wraps a bounds check's IndexError
+            if isinstance(exc.__cause__, IndexError):
+                raise type(exc.__cause__)(f"{exc.__cause__} ({self.name})") from exc
+            raise
 
     def _bind_on_first_launch(self, *tensors: torch.Tensor, stream: int | None = None) -> None:
         """No dtypes were known at build time: compile for these tensors, bind, launch."""
@@ -285,6 +297,21 @@ def _arg_dtypes(spec: KernelSpec, dtypes: Mapping[str, torch.dtype] | None) -> l
     if dtypes is not None and all(name in dtypes for name in spec.args):
         return [dtypes[name] for name in spec.args]
     return None
+
+
+def check_kernel_devices(specs: Sequence[KernelSpec], devices: Mapping[str, torch.device]) -> None:
+    """Compiled Triton kernels dereference every pointer on the GPU: a CPU buffer would be read
+    as device memory (garbage, then an illegal memory access that poisons the process). CPU
+    buffers are only valid when the kernels run in Triton's interpreter."""
+    if _interpreting():
+        return
+    for spec in specs:
+        on_cpu = [n for n in spec.args if n in devices and devices[n].type == "cpu"]
+        if on_cpu:
+            raise KilnError(f"kernel {spec.name} would run on CPU buffers {on_cpu} as a "
+                            "compiled Triton kernel", stage="runtime",
+                            hint="generated kernels on CPU tensors need TRITON_INTERPRET=1 "
+                                 "(set before triton is imported)")
 
 
 def build_launchers(specs: Sequence[KernelSpec], *, parallel: bool = True,

@@ -90,6 +90,10 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
         with stage_timer(timings, "autotune"):
             specs = autotune_groups(schedule, specs, options.autotune_budget_s)
     with stage_timer(timings, "compile_kernels"):
+        from kiln.runtime.launcher import check_kernel_devices
+
+        check_kernel_devices(list(specs.values()),
+                             {name: buf.layout.device for name, buf in graph.buffers.items()})
         dtypes = {name: buf.dtype for name, buf in graph.buffers.items()}
         launchers = build_kernel_launchers(list(specs.values()), dtypes)
     with stage_timer(timings, "codegen"):

@@ -27,8 +27,8 @@ from kiln.lower.ir import (Buffer, ConstantBuffer, ExternKernel, ExternOutput, F
 from kiln.lower.printer import format_value
 from kiln.schedule import FusedGroup, Schedule
 
-__all__ = ["WrapperCode", "fit_layout", "generate_wrapper", "load_wrapper", "reinterpret",
-           "storage_base"]
+__all__ = ["WrapperCode", "aligned_bias", "fit_layout", "generate_wrapper", "load_wrapper",
+           "reinterpret", "storage_base"]
 
 log = logging.getLogger("kiln.runtime")
 
@@ -39,7 +39,7 @@ DENSE_LAST_DIM = ("attention", "attention_backward")
 
 _PRELUDE = """\
 import torch
-from kiln.runtime.wrapper import fit_layout, reinterpret, storage_base
+from kiln.runtime.wrapper import aligned_bias, fit_layout, reinterpret, storage_base
 aten = torch.ops.aten
 empty_strided = torch.empty_strided
 as_strided = torch.as_strided
@@ -83,6 +83,24 @@ def _copy_at_offset(t: torch.Tensor, size: tuple, stride: tuple, offset: int) ->
     view = torch.as_strided(base, size, stride, offset)
     view.copy_(t)
     return view
+
+
+BIAS_ALIGNMENT = 16  # elements: torch pads SDPA masks the same way before its kernels
+
+
+def aligned_bias(bias: torch.Tensor | None) -> torch.Tensor | None:
+    """An attention bias whose rows start 16-element aligned. The CUDA attention kernels
+    refuse others ("attn_bias is not correctly aligned (strideM)"); the public SDPA pads the
+    mask and slices it back, the private ops kiln calls do not, so the wrapper does."""
+    if bias is None or bias.dim() < 2:
+        return bias
+    if all(s % BIAS_ALIGNMENT == 0 for s in bias.stride()[:-1]) and bias.stride(-1) == 1:
+        return bias
+    last = bias.shape[-1]
+    width = -(-last // BIAS_ALIGNMENT) * BIAS_ALIGNMENT
+    padded = bias.new_zeros((*bias.shape[:-1], width))
+    padded[..., :last].copy_(bias)
+    return padded[..., :last]
 
 
 def storage_base(t: torch.Tensor) -> torch.Tensor:
@@ -264,6 +282,9 @@ class _Writer:
                   for i, buf in enumerate(graph.inputs)]
         if params:
             self._line(f"{', '.join(params)}, = args")
+        for name in graph.moved_inputs:  # a CPU scalar tensor: kernels cannot read host memory
+            device = graph.buffers[name].layout.device
+            self._line(f"{name} = {name}.to({self._device(device)})")
         for cname in graph.constants:
             self._line(f"{cname} = constants[{cname!r}]")
         for i, step in enumerate(self.steps):
@@ -331,8 +352,10 @@ class _Writer:
         self.lines.append("")
         self._line(f"# {type(node).__name__.lower()} {node.kind} {_origins(node.origins)}")
         dense = node.kind in DENSE_LAST_DIM
-        args = [self._extern_arg(a, dense) for a in node.args]
-        args += [f"{k}={self._extern_arg(v, dense)}" for k, v in node.kwargs.items()]
+        names = [a.name for a in node.op._schema.arguments]
+        args = [self._extern_arg(a, dense, names[i] if i < len(names) else "")
+                for i, a in enumerate(node.args)]
+        args += [f"{k}={self._extern_arg(v, dense, k)}" for k, v in node.kwargs.items()]
         call = f"{format_value(node.op)}({', '.join(args)})"
         targets = [o.name if isinstance(o, ExternOutput) and o.name not in self.dropped else "_"
                    for o in node.outputs]
@@ -349,11 +372,13 @@ class _Writer:
                 self._line(f"{out.name} = fit_layout({out.name}, {tuple(lay.size)}, "
                            f"{tuple(lay.stride)}, {lay.offset})")
 
-    def _extern_arg(self, value: Any, dense_last_dim: bool) -> str:
+    def _extern_arg(self, value: Any, dense_last_dim: bool, name: str = "") -> str:
         text = self._value(value)
         if dense_last_dim and isinstance(value, TensorArg) and value.size \
                 and value.size[-1] > 1 and value.stride[-1] != 1:
             text += ".contiguous()"  # the fused attention kernels misread a strided last dim
+        if dense_last_dim and name == "attn_bias" and isinstance(value, TensorArg):
+            text = f"aligned_bias({text})"
         return text
 
     def _write_frees(self, i: int) -> None:

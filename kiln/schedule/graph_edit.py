@@ -64,6 +64,7 @@ def copy_graph(graph: IRGraph) -> IRGraph:
     new.outputs = list(graph.outputs)
     new.mutations = list(graph.mutations)
     new.buffers = dict(graph.buffers)
+    new.moved_inputs = list(graph.moved_inputs)
     return new
 
 

@@ -99,12 +99,10 @@ def _to_contract(gm: fx.GraphModule, names: list[str]) -> None:
 
 def sample_inputs(joint: FixtureJoint, seed: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Fresh random primals and tangents shaped like the joint's placeholders (never zeros)."""
-    gen = torch.Generator().manual_seed(seed)
-    values = []
-    for n in joint.gm.graph.nodes:
-        if n.op == "placeholder":
-            val = n.meta["val"]
-            values.append(torch.randn(val.shape, generator=gen, dtype=val.dtype))
+    vals = [n.meta["val"] for n in joint.gm.graph.nodes if n.op == "placeholder"]
+    gen = torch.Generator(device=vals[0].device if vals else "cpu").manual_seed(seed)
+    values = [torch.randn(val.shape, generator=gen, dtype=val.dtype, device=val.device)
+              for val in vals]
     return values[:joint.num_primals], values[joint.num_primals:]
 
 

@@ -553,3 +553,49 @@ def test_cuda_dropout_saves_a_mask_and_never_recomputes_it(aot_backend):
     targets = {str(n.target) for n in variant.joint.gm.graph.nodes}
     assert "aten.native_dropout.default" in targets
     aot_backend.assert_compiled(training=True)  # includes: no random op in the backward
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_tensor_keyword_arguments_are_graph_inputs_not_constants(requires_grad):
+    """SDPA's `attn_mask=` reaches the ATen graph as a keyword argument: it must be a graph input
+    (issue 11: it was printed as a tensor constant, `NameError: name 'float32' is not defined`)."""
+    def attend(q, k, v, mask):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    q, k, v = (torch.randn(1, 2, 6, 8, requires_grad=requires_grad) for _ in range(3))
+    compiled = kiln.compile(attend, backend="aot_eager")
+    for _ in range(2):
+        mask = torch.randn(1, 1, 6, 6)
+        expected = attend(q, k, v, mask)
+        actual = compiled(q, k, v, mask)
+        close(actual, expected, "output")
+        if requires_grad:
+            grads = torch.autograd.grad(actual.sum(), (q, k, v))
+            expected_grads = torch.autograd.grad(expected.sum(), (q, k, v))
+            for name, got, want in zip("qkv", grads, expected_grads):
+                close(got, want, f"grad {name}")
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_lstm_final_states_keep_eagers_shape_under_torchs_squeeze_bug(monkeypatch, batch):
+    """torch 2.11's traced LSTM layer ends with `hx.squeeze(1)` on a [1, batch, hidden] state, so
+    h_n / c_n came out [layers, 1, batch, hidden] on CUDA (issue 11). Reproduced on any torch by
+    patching the layer to return that shape (mkldnn off, the path CUDA graphs take)."""
+    import torch._decomp.decompositions as torch_decomps
+
+    layer = torch_decomps.one_layer_lstm
+
+    def squeezes_dim_1(inp, hidden, *args, **kwargs):
+        out, (h, c) = layer(inp, hidden, *args, **kwargs)
+        return out, (h.unsqueeze(0).squeeze(1) if batch == 1 else h.unsqueeze(0),
+                     c.unsqueeze(0).squeeze(1) if batch == 1 else c.unsqueeze(0))
+
+    monkeypatch.setattr(torch_decomps, "one_layer_lstm", squeezes_dim_1)
+    monkeypatch.setattr(torch.backends.mkldnn, "enabled", False)
+    lstm = nn.LSTM(4, 8, num_layers=2)
+    x = torch.randn(3, batch, 4)
+    with torch.no_grad():
+        ours = kiln.compile(lstm, backend="aot_eager")(x)
+        theirs = lstm(x)
+    assert [t.shape for t in (ours[0], *ours[1])] == [t.shape for t in (theirs[0], *theirs[1])]
+    torch.testing.assert_close(ours, theirs)

@@ -28,7 +28,7 @@ def test_unknown_cpu_codegen_is_a_config_error():
     config.cpu_codegen = "interpreter"
     gm = torch.fx.symbolic_trace(lambda x: x + 1)
     with pytest.raises(KilnConfigError, match="cpu_codegen='interpreter'.*triton_interpret"):
-        kiln_backend(gm, [torch.randn(2)])
+        kiln_backend(gm, [torch.randn(2, device="cpu")])
 
 
 def test_forced_triton_on_cpu_needs_the_interpreter(monkeypatch):
@@ -36,21 +36,21 @@ def test_forced_triton_on_cpu_needs_the_interpreter(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     gm = torch.fx.symbolic_trace(lambda x: x + 1)
     with pytest.raises(KilnConfigError, match="TRITON_INTERPRET"):
-        kiln_backend(gm, [torch.randn(2)])
+        kiln_backend(gm, [torch.randn(2, device="cpu")])
 
 
 def test_cpu_default_returns_the_captured_graph():
     config.cpu_codegen = "eager"
     gm = torch.fx.symbolic_trace(lambda x, y: torch.tanh(x) @ y)
-    x, y = torch.randn(3, 4), torch.randn(4, 2)
+    x, y = torch.randn(3, 4, device="cpu"), torch.randn(4, 2, device="cpu")
     compiled = kiln_backend(gm, [x, y])
     assert compiled is gm
-    x, y = torch.randn(3, 4), torch.randn(4, 2)
+    x, y = torch.randn(3, 4, device="cpu"), torch.randn(4, 2, device="cpu")
     torch.testing.assert_close(compiled(x, y), torch.tanh(x) @ y)
 
 
 def test_a_failing_joint_attention_rewrite_falls_back_to_compiling_without_it(monkeypatch,
-                                                                             caplog):
+                                                                             caplog, device):
     """The joint-graph attention rewrite must never cost the graph: if compiling with it fails,
     the backend compiles without it (and says so) and training still equals eager."""
     import logging
@@ -66,7 +66,7 @@ def test_a_failing_joint_attention_rewrite_falls_back_to_compiling_without_it(mo
     monkeypatch.setattr(backend, "rewrite_joint_attention", broken)
     config.cpu_codegen = "triton_interpret"
     torch.manual_seed(0)
-    block, x = TransformerBlock(32, 2), torch.randn(2, 8, 32)
+    block, x = TransformerBlock(32, 2).to(device), torch.randn(2, 8, 32, device=device)
     with caplog.at_level(logging.WARNING, logger="kiln.backends"):
         out = kiln.compile(block, backend="kiln")(x)
     assert "compiling without it" in caplog.text

@@ -11,6 +11,9 @@ import torch
 
 triton = pytest.importorskip("triton")
 
+# DEVICE below is the GPU where there is one; oracles run on CPU copies
+pytestmark = pytest.mark.explicit_device
+
 from kiln.codegen import emit_kernel  # noqa: E402
 from kiln.codegen.build import launch  # noqa: E402
 from kiln.codegen.fast_math import CLAMP, P, Q, fit_erf_coefficients  # noqa: E402

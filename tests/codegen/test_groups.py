@@ -12,6 +12,9 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
+# DEVICE below is the GPU where there is one; oracles run on CPU copies
+pytestmark = pytest.mark.explicit_device
+
 from kiln.codegen import CodegenError, KernelConfig, candidate_configs, emit_group  # noqa: E402
 from kiln.codegen.config import reduction_class  # noqa: E402
 from kiln.lower import lower_graph  # noqa: E402

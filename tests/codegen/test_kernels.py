@@ -11,6 +11,9 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
+# DEVICE below is the GPU where there is one; oracles run on CPU copies
+pytestmark = pytest.mark.explicit_device
+
 from kiln.codegen import KernelSpec, emit_kernel  # noqa: E402
 from kiln.codegen.build import launch, run_graph  # noqa: E402
 from kiln.lower import lower_graph  # noqa: E402

@@ -33,6 +33,17 @@ def _close(got: list, expected: list) -> None:
         torch.testing.assert_close(g, e, rtol=RTOL, atol=ATOL)
 
 
+# The SDPA variant depends on the device (kiln.lower.attention._variant): CPU flash, CUDA flash,
+# efficient or cuDNN.
+SDPA_FORWARD = {aten._scaled_dot_product_flash_attention_for_cpu.default,
+                aten._scaled_dot_product_flash_attention.default,
+                aten._scaled_dot_product_efficient_attention.default,
+                getattr(aten, "_scaled_dot_product_cudnn_attention", aten.mm).default}
+SDPA_BACKWARD = {aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
+                 aten._scaled_dot_product_flash_attention_backward.default,
+                 aten._scaled_dot_product_efficient_attention_backward.default}
+
+
 @pytest.mark.parametrize("training", [False, True], ids=["infer", "train"])
 def test_fires_on_the_seed_block(training):
     mg = cached_model_graph("block", training)
@@ -40,8 +51,8 @@ def test_fires_on_the_seed_block(training):
     assert count == 1
     targets = _targets(new)
     assert aten._softmax.default not in targets
-    assert aten._scaled_dot_product_flash_attention_for_cpu.default in targets
-    assert (aten._scaled_dot_product_flash_attention_for_cpu_backward.default in targets) == training
+    assert targets & SDPA_FORWARD
+    assert bool(targets & SDPA_BACKWARD) == training
     _close(_run(new, mg.inputs), mg.eager)
     graph = lower_graph(mg.gm)
     kinds = [e.kind for e in graph.externs]
@@ -52,8 +63,7 @@ def test_fires_on_the_seed_block(training):
 def test_seed_block_training_folds_the_query_scale():
     mg = cached_model_graph("block", True)
     new, _ = _rewritten(mg.gm)
-    (fwd,) = [n for n in new.graph.nodes
-              if n.target is aten._scaled_dot_product_flash_attention_for_cpu.default]
+    (fwd,) = [n for n in new.graph.nodes if n.target in SDPA_FORWARD]
     assert fwd.kwargs["scale"] == pytest.approx(8 ** -0.5)
     assert not [n for n in new.graph.nodes if n.target is aten.bmm.default]
 
@@ -133,9 +143,11 @@ def test_additive_mask_becomes_the_fused_kernels_bias(fn, expected):
     gm, inputs = trace_flat(fn, (q, k, v, mask))
     eager = torch.utils._pytree.tree_leaves(fn(*inputs))
     new, count = _rewritten(gm)
+    if q.device.type == "cuda":  # 5 keys: the bias rows would not be 16-byte aligned there
+        expected = 0
     assert count == expected
     if expected:
-        assert aten._scaled_dot_product_flash_attention_for_cpu.default in _targets(new)
+        assert _targets(new) & SDPA_FORWARD
     _close(_run(new, inputs), eager)
     _close(run_ir(lower_graph(gm), inputs), eager)
     ref = fn(*[t.double() for t in inputs])

@@ -196,8 +196,9 @@ def _check(got: torch.Tensor, expected: torch.Tensor) -> None:
 
 
 @pytest.mark.parametrize("case,dtype", list(_params()))
-def test_op(case: Case, dtype: torch.dtype) -> None:
-    gen = torch.Generator().manual_seed(zlib.crc32(case.name.encode()) % 1000)  # per-process stable
+def test_op(case: Case, dtype: torch.dtype, device: torch.device) -> None:
+    seed = zlib.crc32(case.name.encode()) % 1000  # per-process stable
+    gen = torch.Generator(device=device).manual_seed(seed)
     inputs = [_make(kind, shape, dtype, gen) for kind, shape in case.inputs]
     expected = torch.utils._pytree.tree_leaves(case.fn(*inputs))
     graph = lower_graph(trace_aten(case.fn, *inputs))

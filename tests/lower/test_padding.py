@@ -1,6 +1,6 @@
 """kiln.lower.padding: large matmuls with rows that are not 16-byte aligned run on zero-padded
-operands (on CUDA; exercised here on the CPU by passing devices=("cpu",) and a low threshold),
-results equal to eager and to an fp64 reference."""
+operands (on CUDA; exercised on the test device, CPU included, with a low threshold), results
+equal to eager and to an fp64 reference."""
 from __future__ import annotations
 
 import pytest
@@ -23,9 +23,9 @@ def _targets(gm):
 
 
 @pytest.fixture(autouse=True)
-def low_threshold_on_cpu(monkeypatch):
+def low_threshold_on_the_test_device(monkeypatch, device):
     monkeypatch.setattr(padding, "MIN_FLOPS", 1)
-    monkeypatch.setattr(padding, "DEVICES", ("cpu",))
+    monkeypatch.setattr(padding, "DEVICES", (device.type,))
 
 
 def _lm_head(h, w):
@@ -70,7 +70,8 @@ def test_aligned_or_small_matmuls_are_left_alone(monkeypatch):
     assert _padded(_lm_head, torch.randn(6, 16), torch.randn(37, 16))[1] == 0  # small
     monkeypatch.setattr(padding, "MIN_FLOPS", 1)
     monkeypatch.setattr(padding, "DEVICES", ("cuda",))  # the default: CPU graphs untouched
-    assert _padded(_lm_head, torch.randn(6, 16), torch.randn(37, 16))[1] == 0
+    assert _padded(_lm_head, torch.randn(6, 16, device="cpu"),
+                   torch.randn(37, 16, device="cpu"))[1] == 0
 
 
 def test_lowered_padded_graph_returns_eager_strides():
@@ -86,14 +87,34 @@ def test_lowered_padded_graph_returns_eager_strides():
     torch.testing.assert_close(out, _lm_head(h, w))
 
 
-def test_compiled_padded_graph_equals_eager_on_fresh_inputs():
+def test_compiled_padded_graph_equals_eager_on_fresh_inputs(device):
+    """Generated kernels on the test device (issue 11: on the GPU machine this test handed CPU
+    tensors to compiled Triton kernels: garbage, then an illegal memory access)."""
     pytest.importorskip("triton")
     from kiln.runtime import compile_graph
 
-    h, w = torch.randn(6, 16), torch.randn(37, 16)
+    h, w = torch.randn(6, 16, device=device), torch.randn(37, 16, device=device)
     artifact = compile_graph(trace_aten(_lm_head, h, w), [h, w], name="lm_head")
     assert "(6, 40)" in artifact.wrapper.source  # the mm writes padded rows
-    h, w = torch.randn(6, 16), torch.randn(37, 16)
+    h, w = torch.randn(6, 16, device=device), torch.randn(37, 16, device=device)
     (out,) = artifact(h, w)
     assert out.stride() == (37, 1)
     torch.testing.assert_close(out, _lm_head(h, w))
+    ref = _lm_head(h.double(), w.double())
+    assert (out.double() - ref).abs().max() <= 2 * (_lm_head(h, w).double() - ref).abs().max() + 1e-5
+
+
+def test_compiled_kernels_refuse_cpu_tensors_outside_the_interpreter(monkeypatch):
+    """Without TRITON_INTERPRET a compiled kernel would dereference host pointers on the GPU;
+    compile_graph raises instead."""
+    pytest.importorskip("triton")
+    from kiln.errors import KilnError
+    from kiln.runtime import compile_graph
+
+    def pointwise(h, w):  # a generated kernel whatever the padding policy of the device
+        return (h @ w.t()).sin()
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    h, w = torch.randn(6, 16, device="cpu"), torch.randn(37, 16, device="cpu")
+    with pytest.raises(KilnError, match="TRITON_INTERPRET=1"):
+        compile_graph(trace_aten(pointwise, h, w), [h, w], name="pointwise")

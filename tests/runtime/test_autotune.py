@@ -16,6 +16,9 @@ import torch
 
 pytest.importorskip("triton")
 
+# DEVICE below is the GPU where there is one; oracles run on CPU copies
+pytestmark = pytest.mark.explicit_device
+
 from kiln.codegen import candidate_configs, emit_group  # noqa: E402
 from kiln.lower import lower_graph  # noqa: E402
 from kiln.lower._compat import trace_aten  # noqa: E402

@@ -11,6 +11,9 @@ import torch
 
 pytest.importorskip("triton")
 
+# DEVICE below is the GPU where there is one; oracles run on CPU copies
+pytestmark = pytest.mark.explicit_device
+
 from kiln.codegen import emit_kernel  # noqa: E402
 from kiln.codegen import build  # noqa: E402
 from kiln.codegen.build import run_graph  # noqa: E402

@@ -177,6 +177,7 @@ def test_output_code_and_fusion_logs(capsys):
     assert "[kiln:fusion] schedule (inference)" in err
 
 
+@pytest.mark.explicit_device  # the CPU switch itself
 def test_cpu_default_runs_torch_ops(caplog):
     config.cpu_codegen = "eager"
     from kiln.backends.kiln_backend import kiln_backend
@@ -205,11 +206,12 @@ _WARM_GRAPH = textwrap.dedent("""
         y = x + torch.nn.functional.linear(h, w2, b2)
         return (torch.nn.functional.layer_norm(y, (32,), g, beta),)
 
-    def compile_and_run():
+    def compile_and_run(device):
         config.cpu_codegen, config.suppress_errors = "triton_interpret", False
         torch.manual_seed(0)
-        args = [torch.randn(2, 8, 32), torch.randn(64, 32), torch.randn(64),
-                torch.randn(32, 64), torch.randn(32), torch.randn(32), torch.randn(32)]
+        with torch.device(device):
+            args = [torch.randn(2, 8, 32), torch.randn(64, 32), torch.randn(64),
+                    torch.randn(32, 64), torch.randn(32), torch.randn(32), torch.randn(32)]
         with torch.no_grad():
             (out,) = kiln_backend(torch.fx.symbolic_trace(block), args)(*args)
         ref = block(*args)[0]
@@ -218,12 +220,13 @@ _WARM_GRAPH = textwrap.dedent("""
 
 _WARM_SCRIPT = _WARM_GRAPH + textwrap.dedent("""
     import json, sys
-    err = compile_and_run()  # assert_close would import DTensor, so the parent checks err
+    err = compile_and_run(sys.argv[1])  # assert_close would import DTensor: the parent checks
     print(json.dumps({**warm.STATS, "dynamo": "torch._dynamo" in sys.modules, "err": err}))
 """)
 
 
-def test_warm_start_in_a_new_process(tmp_path, monkeypatch):
+@pytest.mark.explicit_device  # both processes use the test device explicitly
+def test_warm_start_in_a_new_process(tmp_path, monkeypatch, device):
     """This process compiles and stores the graph; a new one must rebuild it from the disk
     cache without tracing (so without importing torch._dynamo)."""
     from kiln.runtime import warm
@@ -231,11 +234,13 @@ def test_warm_start_in_a_new_process(tmp_path, monkeypatch):
     stats = dict(warm.STATS)
     namespace: dict = {}
     exec(_WARM_GRAPH, namespace)
-    assert namespace["compile_and_run"]() < 1e-5
+    assert namespace["compile_and_run"](device.type) < 1e-5
     assert warm.STATS["stores"] == stats["stores"] + 1
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": ROOT}
-    done = subprocess.run([sys.executable, "-c", _WARM_SCRIPT], env=env, capture_output=True,
-                          text=True, timeout=300, cwd=ROOT)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
+    if device.type == "cpu":
+        env["TRITON_INTERPRET"] = "1"
+    done = subprocess.run([sys.executable, "-c", _WARM_SCRIPT, device.type], env=env,
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     child = json.loads(done.stdout.strip().splitlines()[-1])
     assert child["hits"] == 1 and child["stores"] == 0 and child["err"] < 1e-5

@@ -153,6 +153,7 @@ def _attention_output_only(q, k, v):
     return out * 2
 
 
+@pytest.mark.explicit_device  # calls the CPU flash op
 def test_unread_library_outputs_are_not_bound():
     """Attention's logsumexp (and on CUDA its philox seed / offset, which flash attention
     returns as None without dropout) is never read: the wrapper neither binds, fits nor frees
@@ -167,3 +168,17 @@ def test_unread_library_outputs_are_not_bound():
     torch.testing.assert_close(out, _attention_output_only(*inputs))
     from kiln.runtime import wrapper
     assert wrapper.fit_layout(None, (2,), (1,), 0) is None
+
+
+def test_aligned_bias_pads_rows_to_16_elements_and_keeps_values():
+    """The CUDA attention kernels need 16-element aligned bias rows (issue 11: a 6-key mask
+    failed with "attn_bias is not correctly aligned (strideM)")."""
+    from kiln.runtime.wrapper import aligned_bias
+
+    bias = torch.randn(2, 1, 3, 6).expand(2, 4, 3, 6)
+    out = aligned_bias(bias)
+    assert all(s % 16 == 0 for s in out.stride()[:-1]) and out.stride(-1) == 1
+    assert torch.equal(out, bias)
+    aligned = torch.randn(2, 4, 3, 16)
+    assert aligned_bias(aligned) is aligned
+    assert aligned_bias(None) is None

@@ -60,6 +60,7 @@ def seed_graphs():
     return [(gm, ex, lower_graph(gm, ex)) for gm, ex in _graphs()]
 
 
+@pytest.mark.explicit_device  # module-scoped CPU seed-block graphs
 def test_reuse_and_frees_keep_results(seed_graphs) -> None:
     for gm, example, graph in seed_graphs:
         sched = schedule(graph)

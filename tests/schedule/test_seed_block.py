@@ -56,6 +56,7 @@ def test_inference_step_count(inference) -> None:
     assert_valid_order(schedule(graph))
 
 
+@pytest.mark.explicit_device  # module-scoped CPU seed-block graphs
 def test_inference_runs_like_eager(inference) -> None:
     gm, example, graph = inference
     inputs = real_inputs(example)
@@ -73,6 +74,7 @@ def test_inference_layernorms_are_one_kernel_each(inference) -> None:
         assert group.stores == (group.nodes[-1].name,)
 
 
+@pytest.mark.explicit_device  # module-scoped CPU seed-block graphs
 def test_training_graphs_schedule_and_explain(training) -> None:
     for gm, example, graph in training:
         sched = schedule(graph)
@@ -97,6 +99,7 @@ def test_unfused_schedule_still_elides(inference) -> None:
     assert all(not d.fused and d.reason == "fusion disabled" for d in sched.decisions)
 
 
+@pytest.mark.explicit_device  # module-scoped CPU seed-block graphs
 def test_lowered_graph_alone_runs_like_eager(inference) -> None:
     """The lower stage copies an SDPA operand whose head dim is not contiguous (the CPU flash
     kernel reads such a k wrongly), so even the unscheduled IR matches eager."""

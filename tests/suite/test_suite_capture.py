@@ -24,7 +24,8 @@ NAMES = sorted(SUITE)
 def _build(name: str, seed: int = 0) -> tuple[ModelSpec, torch.nn.Module, Batch]:
     spec = get(name)
     torch.manual_seed(seed)
-    model, batch = spec.build("small")
+    # the test device: CUDA under KILN_TEST_DEVICE=cuda (tests/conftest.py's device context)
+    model, batch = spec.build("small", device=torch.get_default_device())
     return spec, model, batch
 
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from kiln.capture import rules
-from kiln.capture.sources import Attr, FnClosure, Item, Source
+from kiln.capture.sources import Attr, FnClosure, Item, RefItem, Source, is_literal_key
 from kiln.capture.unsupported import unsupported
 from kiln.capture.variables.base import VT, ConstantVT
 from kiln.capture.variables.containers import DictVT, ListVT, SliceVT, TupleVT
@@ -33,6 +33,14 @@ __all__ = ["wrap", "wrap_derived"]
 _CONSTANT_TYPES = (type(None), bool, int, float, complex, str, torch.dtype, torch.device,
                    torch.layout, torch.memory_format, range, type(Ellipsis), type(NotImplemented),
                    enum.Enum, frozenset, torch.finfo, torch.iinfo)
+
+
+def item_source(tx: Translator, base: Source, key: Any) -> Source:
+    """`base[key]`: the key is pasted into generated code only when its repr is a literal;
+    any other key (an object, an enum, a str subclass) is a constant bound by the cache."""
+    if is_literal_key(key):
+        return Item(base, key)
+    return RefItem(base, tx.output.consts.ref(key), repr(key)[:40])
 
 
 def wrap(tx: Translator, value: Any, source: Source, *, module_guard: bool = False) -> VT:
@@ -74,7 +82,7 @@ def _wrap(tx: Translator, value: Any, source: Source, module_guard: bool) -> VT:
         return PartialVT(wrap(tx, value.func, Attr(source, "func")),
                          [wrap(tx, a, Item(Attr(source, "args"), i))
                           for i, a in enumerate(value.args)],
-                         {k: wrap(tx, v, Item(Attr(source, "keywords"), k))
+                         {k: wrap(tx, v, item_source(tx, Attr(source, "keywords"), k))
                           for k, v in value.keywords.items()}, source)
     if isinstance(value, torch.nn.Module):
         guards.module_instance(source, value, module=module_guard, location=loc)
@@ -88,7 +96,7 @@ def _wrap(tx: Translator, value: Any, source: Source, module_guard: bool) -> VT:
         return TupleVT(items, type(value), source)
     if type(value) is dict:
         guards.dict_keys(source, value, module=module_guard, location=loc)
-        items = {k: wrap(tx, v, Item(source, k), module_guard=module_guard)
+        items = {k: wrap(tx, v, item_source(tx, source, k), module_guard=module_guard)
                  for k, v in value.items()}
         return DictVT(items, source)
     if _is_numpy_function(value):  # NumPy functions kiln maps to torch ops on traced arrays

@@ -198,6 +198,7 @@ def _len(tx: Translator, args: Args, kwargs: Kwargs) -> VT | None:
         return ConstantVT(obj.shape[0])
     from kiln.capture.variables.nn_module import ModuleVT
     if isinstance(obj, ModuleVT):
+        obj.guard_children(tx)
         return ConstantVT(len(obj.module))
     return None
 

@@ -223,6 +223,12 @@ class SuperVT(VT):
                                          ConstantVT(self.obj.python_type()))
                 if attr is object.__init__:
                     return _NoopVT()
+                if isinstance(attr, property) and attr.fget is not None:
+                    return BoundMethodVT(UserFunctionVT(attr.fget), self.obj).call(tx, [], {})
+                if isinstance(attr, (types.MethodDescriptorType, types.WrapperDescriptorType)):
+                    # C methods of a builtin base (dict.__getitem__, object.__setattr__): bound
+                    # to the object like any method; capture decides how to call them
+                    return BoundMethodVT(wrap_derived(tx, attr), self.obj)
                 if hasattr(attr, "__get__"):
                     unsupported("super-descriptor", f"super().{name} is a descriptor")
                 return wrap_derived(tx, attr)

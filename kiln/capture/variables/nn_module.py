@@ -126,13 +126,24 @@ class ModuleVT(_ObjectBase):
         container = _CONTAINER_METHODS.get(name)
         if container is not None and isinstance(self.module, (torch.nn.ModuleDict,
                                                               torch.nn.ParameterDict)):
+            self.guard_children(tx)
             return container(self, tx)
         if name in ("parameters", "named_parameters", "buffers", "children", "modules"):
             unsupported("module-iteration", f"module.{name}() inside a compiled function")
         return super().call_method(tx, name, args, kwargs)
 
+    def guard_children(self, tx: Translator) -> None:
+        """Iterating, indexing or `len` of a container module depends on its keys: guard them
+        (ModuleList.append, ModuleDict assignment, `del` change them after a capture)."""
+        if self.source is None:
+            return
+        slot = "_parameters" if isinstance(self.module, torch.nn.ParameterList) else "_modules"
+        tx.output.guards.dict_keys(DictAttr(self.source, slot), self.module.__dict__[slot],
+                                   module=True)
+
     def unpack(self, tx: Translator) -> list[VT]:
         module = self.module
+        self.guard_children(tx)
         if isinstance(module, (torch.nn.Sequential, torch.nn.ModuleList)):
             return [self.getattr(tx, key) for key in module._modules]
         if isinstance(module, torch.nn.ModuleDict):
@@ -143,6 +154,7 @@ class ModuleVT(_ObjectBase):
 
     def index(self, tx: Translator, key: Any) -> VT:
         module = self.module
+        self.guard_children(tx)
         if isinstance(module, (torch.nn.Sequential, torch.nn.ModuleList)):
             if isinstance(key, slice):
                 unsupported("module-slice", "slicing a Sequential/ModuleList inside forward")

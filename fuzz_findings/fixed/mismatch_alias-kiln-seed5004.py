@@ -1,0 +1,34 @@
+# kiln fuzz reproducer: mismatch:alias
+# found by `python -m kiln fuzz --seed 5004 --count 1 --backend kiln --device cpu --cpu-codegen triton_interpret`, then shrunk
+# output 0 shares storage with ['output 1'] in eager, nothing in kiln
+# run it: python THIS_FILE.py  (prints the oracle's verdict; exit 1 while failing)
+import os
+os.environ.setdefault('TRITON_INTERPRET', '1')  # before triton loads
+# kiln fuzz program, seed 5004
+import io
+import torch
+import torch.nn.functional as F
+from kiln.tools.fuzz.inputs import make_tensor
+_sink = io.StringIO()
+
+def make_inputs(device):
+    g = torch.Generator().manual_seed(5004)
+    return [make_tensor((1, 1), 'float32', 'contiguous', g, device), make_tensor((2, 1), 'float32', 'contiguous', g, device)]
+
+def make_globals(device):
+    return None
+
+def fn(x0, x1):
+    t4 = (x1 * 3).long()
+    v5 = t4[1]
+    return (v5, t4)
+
+
+if __name__ == '__main__':
+    import sys
+    from kiln.config import config
+    from kiln.tools.fuzz.oracle import check_source
+    config.cpu_codegen = 'triton_interpret'
+    verdict = check_source(open(__file__).read(), 'kiln', 'cpu')
+    print(verdict)
+    sys.exit(0 if verdict.ok else 1)

@@ -1,0 +1,211 @@
+"""The oracle: run one program's `fn` in eager and under kiln, and say how they differ.
+
+Eager runs on fresh inputs; kiln runs twice (the compiling call and a cache-hit call), each on
+other fresh inputs. Compared: the exception (kiln raises iff eager raises, same type), the
+number of outputs, each output's shape, dtype and values (tolerance by dtype; a float mismatch is
+forgiven when kiln is as close as eager to an fp64 reference run), the aliasing relations between
+outputs and inputs (and strides of aliasing outputs, whose layout is observable), and the
+inputs' values after the call (mutations). The first difference found is the verdict.
+"""
+from __future__ import annotations
+
+import dataclasses
+import linecache
+import logging
+import re
+import types
+from typing import Any
+
+import torch
+
+__all__ = ["Verdict", "check_source", "load_program"]
+
+_TOL = {"float32": (1e-4, 1e-5), "float16": (1e-2, 1e-3), "bfloat16": (2e-2, 1e-2),
+        "float64": (1e-7, 1e-9)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """`failure` is the class ("" when the program passed; see module docstring of classify),
+    `detail` a one-line explanation, `fallbacks` the kiln warnings logged (eager fallbacks)."""
+    failure: str
+    detail: str = ""
+    fallbacks: int = 0
+    poisoned: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not self.failure
+
+
+class _Mismatch(Exception):
+    def __init__(self, failure: str, detail: str) -> None:
+        super().__init__(detail)
+        self.failure, self.detail = failure, detail
+
+
+def load_program(source: str, name: str = "kiln_fuzz_program") -> types.ModuleType:
+    """Execute a program's source as a fresh module (registered with linecache for tracebacks
+    and for kiln's source-line provenance)."""
+    filename = f"<{name}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    module = types.ModuleType(name)
+    module.__file__ = filename
+    exec(compile(source, filename, "exec"), module.__dict__)
+    return module
+
+
+def _run(fn, module: types.ModuleType, device: str) -> tuple[Any, list[torch.Tensor]]:
+    inputs = module.make_inputs(device)
+    try:
+        out = fn(*inputs)
+    except Exception as exc:  # the program's own exception is a result, compared below
+        return exc, inputs
+    return (list(out) if isinstance(out, (tuple, list)) else [out]), inputs
+
+
+class _Counter(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.count, self.first = 0, ""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.count += 1
+        self.first = self.first or record.getMessage().splitlines()[0][:200]
+
+
+def check_source(source: str, backend: str, device: str = "cpu", calls: int = 2) -> Verdict:
+    """Run the program in `source` under eager and under `kiln.compile(fn, backend=backend)`."""
+    import kiln
+    kiln.reset()
+    module = load_program(source)
+    module.make_globals(device)
+    expected, eager_inputs = _run(module.fn, module, device)
+    counter = _Counter()
+    logging.getLogger("kiln").addHandler(counter)
+    try:
+        compiled = kiln.compile(module.fn, backend=backend)
+        for call in range(calls):
+            got, kiln_inputs = _run(compiled, module, device)
+            _compare(expected, eager_inputs, got, kiln_inputs, source, device)
+    except _Mismatch as exc:
+        return Verdict(exc.failure, f"{exc.detail}", counter.count, _poisoned(device))
+    finally:
+        logging.getLogger("kiln").removeHandler(counter)
+    return Verdict("", counter.first, counter.count, _poisoned(device))
+
+
+def _poisoned(device: str) -> bool:
+    if device != "cuda":
+        return False
+    try:
+        torch.cuda.synchronize()
+    except Exception:  # a sticky CUDA error: the worker must be replaced
+        return True
+    return False
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:300] if text else ''}"
+
+
+def _compare(expected, eager_inputs, got, kiln_inputs, source: str, device: str) -> None:
+    if isinstance(got, Exception) and re.search(r"CUDA error|illegal memory", str(got)):
+        raise _Mismatch("crash:cuda_error", _first_line(got))
+    if isinstance(expected, Exception) or isinstance(got, Exception):
+        _compare_raises(expected, got)
+        return
+    if len(expected) != len(got):
+        raise _Mismatch("mismatch:count", f"{len(expected)} outputs in eager, {len(got)} in kiln")
+    for i, (e, k) in enumerate(zip(expected, got)):
+        _compare_value(f"output {i}", e, k, source, device, i)
+    _compare_aliasing(expected, eager_inputs, got, kiln_inputs)
+    for i, (e, k) in enumerate(zip(eager_inputs, kiln_inputs)):
+        try:
+            _compare_value(f"input {i} after the call", e, k, source, device, None)
+        except _Mismatch as exc:
+            raise _Mismatch("mismatch:mutation", exc.detail) from None
+
+
+def _compare_raises(expected, got) -> None:
+    if not isinstance(got, Exception):
+        raise _Mismatch(f"raises:eager_only:{type(expected).__name__}",
+                        f"eager raised {_first_line(expected)}; kiln returned")
+    if not isinstance(expected, Exception):
+        raise _Mismatch(f"raises:kiln_only:{type(got).__name__}", _first_line(got))
+    if not isinstance(got, type(expected)):
+        raise _Mismatch(f"raises:type:{type(expected).__name__}->{type(got).__name__}",
+                        f"eager {_first_line(expected)}; kiln {_first_line(got)}")
+
+
+def _compare_value(what: str, e, k, source: str, device: str, index: int | None) -> None:
+    if not isinstance(e, torch.Tensor) or not isinstance(k, torch.Tensor):
+        if type(e) is not type(k) or e != k:
+            raise _Mismatch("mismatch:value", f"{what}: eager {e!r}, kiln {k!r}")
+        return
+    if e.shape != k.shape:
+        raise _Mismatch("mismatch:shape", f"{what}: eager {tuple(e.shape)}, kiln {tuple(k.shape)}")
+    if e.dtype != k.dtype:
+        raise _Mismatch("mismatch:dtype", f"{what}: eager {e.dtype}, kiln {k.dtype}")
+    if e.device != k.device:
+        raise _Mismatch("mismatch:device", f"{what}: eager {e.device}, kiln {k.device}")
+    e64, k64 = e.detach().cpu().double(), k.detach().cpu().double()
+    rtol, atol = _TOL.get(str(e.dtype).removeprefix("torch."), (0.0, 0.0))
+    if torch.allclose(k64, e64, rtol=rtol, atol=atol, equal_nan=True):
+        return
+    if index is not None and e.is_floating_point() and _near_reference(source, device, index,
+                                                                       e64, k64, atol):
+        return
+    bad = ~torch.isclose(k64, e64, rtol=rtol, atol=atol, equal_nan=True)
+    raise _Mismatch("mismatch:value", f"{what} ({e.dtype}, {tuple(e.shape)}): "
+                    f"{int(bad.sum())}/{e.numel()} elements differ, max abs diff "
+                    f"{float((k64 - e64).abs().nan_to_num(float('inf')).max()):.3g}")
+
+
+def _near_reference(source: str, device: str, index: int, e64, k64, atol: float) -> bool:
+    """Whether kiln's output `index` is about as close as eager's to an fp64 run."""
+    try:
+        module = load_program(source, "kiln_fuzz_reference")
+        module.make_globals(device)
+        for value in vars(module).values():
+            if isinstance(value, torch.nn.Module):
+                value.double()
+        inputs = [t.double() if t.is_floating_point() else t for t in module.make_inputs(device)]
+        ref = module.fn(*inputs)[index].detach().cpu().double()
+    except Exception:  # no reference for this program: the mismatch stands
+        return False
+    if ref.shape != e64.shape:
+        return False
+    err_e = (e64 - ref).abs().nan_to_num(0.0).max()
+    err_k = (k64 - ref).abs().nan_to_num(float("inf")).max()
+    return bool(err_k <= 1.5 * err_e + atol)
+
+
+def _storage(t) -> int | None:
+    return t.untyped_storage().data_ptr() if isinstance(t, torch.Tensor) else None
+
+
+def _alias_map(outputs, inputs) -> list[tuple]:
+    ins, outs = [_storage(t) for t in inputs], [_storage(t) for t in outputs]
+    return [tuple(sorted({f"input {j}" for j, s in enumerate(ins) if s == p and p}
+                         | {f"output {j}" for j, s in enumerate(outs) if s == p and p and j != i}))
+            for i, p in enumerate(outs)]
+
+
+def _strides(t: torch.Tensor) -> tuple[int, ...]:
+    """Strides that matter: a dim of size 1 is never stepped over, so its stride is free."""
+    return tuple(st for st, size in zip(t.stride(), t.shape) if size != 1)
+
+
+def _compare_aliasing(expected, eager_inputs, got, kiln_inputs) -> None:
+    want, have = _alias_map(expected, eager_inputs), _alias_map(got, kiln_inputs)
+    for i, (w, h) in enumerate(zip(want, have)):
+        if w != h:
+            raise _Mismatch("mismatch:alias", f"output {i} shares storage with "
+                            f"{list(w) or 'nothing'} in eager, {list(h) or 'nothing'} in kiln")
+        e, k = expected[i], got[i]
+        if w and (_strides(e) != _strides(k) or e.storage_offset() != k.storage_offset()):
+            raise _Mismatch("mismatch:stride", f"aliasing output {i}: eager stride {e.stride()} "
+                            f"offset {e.storage_offset()}, kiln stride {k.stride()} "
+                            f"offset {k.storage_offset()}")

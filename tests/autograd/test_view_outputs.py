@@ -1,0 +1,69 @@
+"""Training graphs whose outputs are views of tensors made inside the graph: eager lets the
+caller write into such an output in place (and differentiate through the write); a custom
+autograd.Function would refuse ("... is a view and is being modified inplace ... created inside a
+custom Function"). kiln returns the base from its Function and views it again outside."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+
+import kiln
+
+
+def _run(fn, model, x, backend):
+    """fn(model, x) under kiln with a graph break between producing and writing the view, then a
+    backward; the output and every gradient, against eager on a copy of the same model."""
+    ref_model = copy.deepcopy(model)
+    ref_x = x.detach().clone().requires_grad_(x.requires_grad)
+    expected = fn(ref_model, ref_x)
+    expected.square().sum().backward()
+    got = kiln.compile(fn, backend=backend)(model, x)
+    got.square().sum().backward()
+    torch.testing.assert_close(got, expected)
+    assert kiln.explain(fn)(copy.deepcopy(model), x.detach()).graph_count >= 1  # kiln compiled
+
+    if x.requires_grad:
+        torch.testing.assert_close(x.grad, ref_x.grad)
+
+
+def write_into_a_row(model, x):
+    t = model(x)  # a 1-D input: linear's result is a view of its matmul's
+    kiln.graph_break()
+    t[0] = 1.5
+    return t
+
+
+def add_into_the_output(model, x):
+    t = model(x).view(-1)
+    if t.sum() > 0:  # a data-dependent branch: a graph break
+        u = t * 2
+    else:
+        u = t - 1
+    t.add_(u)
+    return t
+
+
+def view_and_its_base(model, x):
+    base = model(x) * 3
+    row = base[1]
+    kiln.graph_break()
+    row.mul_(2)  # seen through base, as in eager
+    return base
+
+
+def expanded_view(model, x):
+    t = model(x).sum(0, keepdim=True).expand(3, -1)  # overlapping: left as it is
+    kiln.graph_break()
+    return t * t[0]
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "kiln"])
+@pytest.mark.parametrize("fn, shape", [(write_into_a_row, (4,)), (add_into_the_output, (2, 4)),
+                                       (view_and_its_base, (3, 4)), (expanded_view, (2, 4))])
+def test_in_place_write_on_a_view_output_of_a_training_graph(fn, shape, backend):
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3)
+    _run(fn, model, torch.randn(shape, requires_grad=True), backend)

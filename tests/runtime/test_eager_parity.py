@@ -1,0 +1,209 @@
+"""Issue 11's generated-code classes: each pattern compiled with the kiln backend gives eager's
+answer (or eager's exception) on the test device (KILN_TEST_DEVICE; CPU runs the generated
+kernels in Triton's interpreter, CUDA runs real binaries). Fresh random inputs every call."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("triton")
+
+import kiln  # noqa: E402
+from kiln.config import config  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def generated_kernels(tmp_path, monkeypatch):
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))
+    config.cpu_codegen = "triton_interpret"
+    config.suppress_errors = False  # a backend failure must fail the test, not run eagerly
+
+
+def _compiled(fn):
+    return kiln.compile(fn, backend="kiln")
+
+
+def _assert_same_call(fn, make_args):
+    """Compiled and eager on equal fresh inputs: outputs and every input's final value."""
+    compiled = _compiled(fn)
+    for _ in range(2):
+        args = make_args()
+        ours = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+        torch.testing.assert_close(compiled(*ours), fn(*args))
+        for mine, theirs in zip(ours, args):
+            if isinstance(theirs, torch.Tensor):
+                torch.testing.assert_close(mine, theirs)
+
+
+# -- in-place patterns (illegal memory accesses on CUDA) ----------------------------------------
+
+def test_write_through_a_slice_of_an_input(device):
+    def fn(x):
+        x[:, 1:] = 2.5  # lifts a 0-dim CPU tensor constant even for a CUDA x
+        return x * 3
+
+    _assert_same_call(fn, lambda: [torch.randn(3, 5, device=device)])
+
+
+def test_view_then_in_place(device):
+    def fn(x):
+        v = x.view(-1)
+        v.add_(1)
+        return x.sin()
+
+    _assert_same_call(fn, lambda: [torch.randn(4, 6, device=device)])
+
+
+def test_copy_into_a_callers_buffer(device):
+    def fn(x, out):
+        out.copy_(x.cos() * 2)
+        return out
+
+    _assert_same_call(fn, lambda: [torch.randn(4, 6, device=device),
+                                   torch.randn(4, 6, device=device)])
+
+
+def test_returning_an_input_unchanged(device):
+    def fn(x, y):
+        return x, y.exp()
+
+    compiled = _compiled(fn)
+    x, y = torch.randn(3, 4, device=device), torch.randn(3, 4, device=device)
+    a, b = compiled(x, y)
+    assert a is x
+    torch.testing.assert_close(b, y.exp())
+
+
+def test_cpu_scalar_tensor_input_mixes_with_the_graphs_device(device):
+    def fn(x, s):
+        return x * s + 1
+
+    _assert_same_call(fn, lambda: [torch.randn(3, 4, device=device), torch.randn(())])
+
+
+# -- outputs that alias each other --------------------------------------------------------------
+
+@pytest.mark.parametrize("order", ["view_first", "base_first"])
+def test_outputs_aliasing_each_other_share_storage(device, order):
+    def fn(x):
+        y = x + 1
+        return (y.view(-1), y) if order == "view_first" else (y, y[1:])
+
+    x = torch.randn(3, 4, device=device)
+    ours, theirs = _compiled(fn)(x.clone()), fn(x.clone())
+    torch.testing.assert_close(ours, theirs)
+    ours[1].mul_(2)  # an in-place op on one output shows through the other, as in eager
+    theirs[1].mul_(2)
+    torch.testing.assert_close(ours[0], theirs[0])
+
+
+# -- out-of-range indices raise instead of reading other memory ---------------------------------
+# On CUDA an out-of-range gather is a device-side assert, in eager (ATen's kernels) as in kiln
+# (`tl.device_assert`): it poisons the process, so there each case runs in a child process.
+
+_CHILD = """
+import sys, torch, torch.nn.functional as F, kiln
+from kiln.config import config
+config.suppress_errors = False
+def index(x, i):
+    return x[i] * 2
+def embedding(ids, w):
+    return F.embedding(ids, w) + 1
+fn = {"index": index, "embedding": embedding}[sys.argv[1]]
+args = [torch.tensor(a, device="cuda") for a in eval(sys.argv[2])]
+try:
+    kiln.compile(fn, backend="kiln")(*args)
+    torch.cuda.synchronize()
+except Exception as exc:
+    print("RAISED", type(exc).__name__, exc)
+    sys.exit(0)
+print("NO ERROR")
+sys.exit(1)
+"""
+
+
+def index(x, i):
+    return x[i] * 2
+
+
+def embedding(ids, w):
+    return F.embedding(ids, w) + 1
+
+
+def _raises_like_eager(fn, *args):
+    if args[0].is_cuda:
+        _raises_in_child(fn.__name__, args)
+        return
+    with pytest.raises(IndexError):
+        fn(*args)
+    with pytest.raises(IndexError, match="out of (bounds|range)"):
+        _compiled(fn)(*args)
+
+
+def _raises_in_child(name, args):
+    import os
+    import subprocess
+    import sys
+
+    values = repr([a.tolist() for a in args])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    done = subprocess.run([sys.executable, "-c", _CHILD, name, values], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "RAISED" in done.stdout, done.stdout + done.stderr[-2000:]
+    assert "assert" in done.stdout.lower() or "out of" in done.stdout.lower(), done.stdout
+
+
+@pytest.mark.parametrize("bad", [7, -6, 10 ** 9, 2 ** 32 + 1])
+def test_index_with_an_out_of_range_tensor_raises(device, bad):
+    x = torch.randn(5, 3, device=device)
+    _assert_in_range_works(index, x, torch.tensor([1, -5, 4], device=device))
+    _raises_like_eager(index, x, torch.tensor([1, bad], device=device))
+
+
+@pytest.mark.parametrize("bad", [7, 10 ** 9])
+def test_index_with_an_out_of_range_int_raises(device, bad):
+    x = torch.randn(5, 3, device=device)
+    with pytest.raises(IndexError):
+        index(x, bad)
+    with pytest.raises(IndexError, match="out of (bounds|range)"):
+        _compiled(index)(x, bad)
+
+
+def test_embedding_with_an_id_past_the_table_raises(device):
+    w = torch.randn(5, 4, device=device)
+    _assert_in_range_works(embedding, torch.tensor([[0, 4, 2]], device=device), w)
+    _raises_like_eager(embedding, torch.tensor([[0, 1, 9]], device=device), w)
+
+
+def _assert_in_range_works(fn, *args):
+    torch.testing.assert_close(_compiled(fn)(*args), fn(*args))
+    kiln.reset()
+
+
+# -- attention and RNNs -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("keys", [6, 8])
+def test_sdpa_with_an_additive_mask_of_any_length(device, keys):
+    def fn(q, k, v, mask):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    _assert_same_call(fn, lambda: [torch.randn(2, 2, 3, 8, device=device),
+                                   torch.randn(2, 2, keys, 8, device=device),
+                                   torch.randn(2, 2, keys, 8, device=device),
+                                   torch.randn(2, 1, 3, keys, device=device)])
+
+
+@pytest.mark.parametrize("mkldnn", [True, False])
+def test_lstm_state_shapes_equal_eager(device, mkldnn, monkeypatch):
+    """The final states keep eager's [layers, batch, hidden] (issue 11: torch 2.11's LSTM
+    decomposition gave [layers, 1, batch, hidden]; CPU without mkldnn takes the same path)."""
+    if not mkldnn:
+        monkeypatch.setattr(torch.backends.mkldnn, "enabled", False)
+    lstm = torch.nn.LSTM(4, 8, batch_first=True).to(device)
+    x = torch.randn(2, 3, 4, device=device)
+    with torch.no_grad():
+        out, (h, c) = _compiled(lstm)(x)
+        ref, (rh, rc) = lstm(x)
+    assert (out.shape, h.shape, c.shape) == (ref.shape, rh.shape, rc.shape)
+    torch.testing.assert_close((out, h, c), (ref, rh, rc))
