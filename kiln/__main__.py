@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 import torch
 
 import kiln
+from kiln.config import config as kiln_config
+from kiln.tools.bench_report import execution_note
+from kiln.tools.compile_time import first_call_line, timed_first_call
 from kiln.tools.seed_model import TransformerBlock, seed_sizes
 
 
@@ -26,19 +28,18 @@ def demo(args: argparse.Namespace) -> int:
     model = TransformerBlock(d_model, nhead).to(device)
     x = torch.randn(*shape, device=device)
     print(f"kiln {kiln.__version__} demo: the seed's TransformerBlock (d_model {d_model}, "
-          f"{nhead} heads, input {list(shape)}) on {device}, torch {torch.__version__}\n")
+          f"{nhead} heads, input {list(shape)}) on {device}, torch {torch.__version__}")
+    print(f"what runs: {execution_note(device, kiln_config.default_backend)}\n")
     for phase, ctx in (("training", torch.enable_grad), ("inference", torch.no_grad)):
         model.train(phase == "training")
         with ctx():
             report = kiln.explain(model)(x)
             compiled = kiln.compile(model)
-            start = time.perf_counter()
-            out = compiled(x)
-            first = time.perf_counter() - start
+            out, first_s, stages = timed_first_call(lambda: compiled(x))
             same = torch.equal(out, model(x))
         print(f"== {phase}: {report.graph_count} graph(s), {report.graph_break_count} break(s), "
-              f"{report.op_count} ops; output equal to eager: {same}; first call "
-              f"{first * 1e3:.0f} ms (capture {report.compile_times.get('capture', 0) * 1e3:.0f} ms)")
+              f"{report.op_count} ops; output equal to eager: {same}\n   "
+              f"{first_call_line(first_s, stages)}")
         if args.verbose or phase == "inference":
             print(report)
         print()
@@ -54,7 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     from kiln.tools import bench_report, explain_cli
     from kiln.tools.report import cli as report_cli
     run_bench = sub.add_parser("bench", help="eager vs kiln (vs torch.compile) on the model suite",
-                               description=bench_report.__doc__)
+                               description=bench_report.DESCRIPTION,
+                               epilog=bench_report.models_help(),
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
     bench_report.add_arguments(run_bench)
     run_explain = sub.add_parser("explain", help="print kiln's explain report for your code",
                                  description=explain_cli.__doc__,
@@ -62,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     explain_cli.add_arguments(run_explain)
     run_report = sub.add_parser("report", help="one self-contained HTML report: breaks, "
                                 "recompiles, fusion, kernels vs the machine's ceilings",
-                                description=report_cli.__doc__,
+                                description=report_cli.DESCRIPTION,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     report_cli.add_arguments(run_report)
     from kiln.tools.fuzz import cli as fuzz_cli

@@ -30,7 +30,7 @@ from kiln.capture.unsupported import Unsupported
 from kiln.capture.variables.base import CellBox, LazyVT
 from kiln.config import config
 from kiln.tools.dump import dump_capture
-from kiln.diagnostics import RecompileReason, UserLocation
+from kiln.diagnostics import RecompileReason, UserLocation, user_terms
 from kiln.diagnostics import Unsupported as UnsupportedRecord
 from kiln.capture.bytecode import UnsupportedBytecode
 from kiln.errors import BackendCompilerFailed, InternalError, KilnError, UnsupportedError
@@ -89,7 +89,7 @@ class CompiledFunction:
                 self._route_only = route_only(self.fn, self.settings)
             except Exception:  # noqa: BLE001 - the original function is always a safe fallback
                 _log.warning("kiln: no route-only copy of %s; it runs as is",
-                             self.fn.__qualname__, exc_info=True)
+                             user_terms(self.fn.__qualname__), exc_info=True)
                 self._route_only = self.fn
         return self._route_only
 
@@ -167,7 +167,7 @@ class CompiledFunction:
                      f"accumulated recompile limit ({config.accumulated_recompile_limit}, "
                      "KILN_ACCUMULATED_RECOMPILE_LIMIT)")
             warn_once(("recompile-limit", cache.code),
-                      f"kiln: {cache.code.co_qualname} ({UserLocation.from_code(cache.code).short()}) "
+                      f"kiln: {user_terms(cache.code.co_qualname)} ({UserLocation.from_code(cache.code).short()}) "
                       f"hit the {limit}; new inputs run eagerly. Set KILN_LOGS=recompiles to "
                       "see why it recompiled.")
         return True
@@ -350,7 +350,7 @@ def _call_backend(settings: CompileSettings, entry_code: Any, code: types.CodeTy
             where = UserLocation.from_code(code).short()
             warn_once(("backend-failed", settings.backend_name, code),
                       f"kiln: backend {settings.backend_name!r} failed on a graph of "
-                      f"{code.co_qualname} ({where}): {type(err).__name__}: {err}. "
+                      f"{user_terms(code.co_qualname)} ({where}): {type(err).__name__}: {err}. "
                       "Falling back: that function runs eagerly (the functions it calls are "
                       "still compiled). Set KILN_SUPPRESS_ERRORS=0 to raise instead.", _log)
             raise Unsupported("backend-failed", f"backend {settings.backend_name!r} failed: "
@@ -363,11 +363,11 @@ def _call_backend(settings: CompileSettings, entry_code: Any, code: types.CodeTy
 def _log_entry(code: types.CodeType, entry_code: Any, guards: list) -> None:
     if artifact_enabled("graph_code") and entry_code.gm is not None:
         artifact_logger("graph_code").info(
-            "graph for %s:\n%s", code.co_qualname,
+            "graph for %s:\n%s", user_terms(code.co_qualname),
             entry_code.gm.print_readable(print_output=False))
     if artifact_enabled("guards"):
         artifact_logger("guards").info(
-            "guards for %s:\n%s", code.co_qualname,
+            "guards for %s:\n%s", user_terms(code.co_qualname),
             "\n".join("  " + g.record().render() for g in guards))
 
 

@@ -27,6 +27,8 @@ class Recorder:
     breaks: list[Unsupported] = dataclasses.field(default_factory=list)
     recompiles: list[RecompileReason] = dataclasses.field(default_factory=list)
     saved: list[str] = dataclasses.field(default_factory=list)  # autograd saved-bytes reports
+    # per compiled ATen graph: the pipeline's seconds per stage (kiln.tools.compile_time)
+    pipeline_timings: list[dict[str, float]] = dataclasses.field(default_factory=list)
 
 
 _active: list[Recorder] = []

@@ -2,8 +2,9 @@
 `--compare torch`) torch.compile, side by side in one run.
 
 Per model and variant (one row each): an accuracy verdict against eager and against an fp64
-reference, the median time of one step, the speedup over eager, the cold compile time and the
-recompile time in the warm process, peak memory (CUDA only), and kiln's graph and break counts.
+reference, the median time of one step, the speedup over eager, the compile time, the first
+call, the recompile time in the warm process, peak memory (CUDA only), kiln's graph and break
+counts, and the input shapes.
 Rendering (table, CSV, JSON, plot, summary line) lives in `kiln.tools.bench_report`.
 
 Accuracy. Every tensor a step produces (inference: the outputs; training: the loss and every
@@ -12,10 +13,11 @@ the largest reference magnitude as the least denominator), and the worst tensor 
 passes when its fp64 error is at most max(1.5 x eager's own fp64 error, floor) and its error
 against eager is at most max(2 x eager's fp64 error, floor) (the floor per dtype is `FLOORS`).
 
-Compile times. "cold": the first call minus a steady call after `kiln.reset()` /
-`torch._dynamo.reset()`, the first compile of that model in this process (the process itself
-has already run eager torch). "recompile (warm process)": the same again, after another reset,
-on a fresh copy of the model.
+Compile time (one definition, `kiln.tools.compile_time`): for kiln, the stages it recorded during
+the first call after `kiln.reset()` (capture, autograd, lower+schedule, codegen, kernel compile),
+summed; for torch.compile, which records no kiln stages, the first call minus a steady call.
+"first call": the wall time of that first call (= compile + first run). "recompile (warm
+process)": the compile time again after another reset, on a fresh copy of the model.
 
 Timing: `triton.testing.do_bench` medians on CUDA; medians of `--repeat` timeit runs on the CPU.
 A crash in one model or variant is caught and reported in its row as "error: <type>: <msg>".
@@ -35,9 +37,11 @@ from typing import Any, TextIO
 import torch
 
 import kiln
+from kiln.tools.compile_time import timed_first_call
 from kiln.tools.suite.registry import SUITE, ModelSpec, infer, train_step
 
-__all__ = ["COLUMNS", "FLOORS", "MODES", "BenchConfig", "max_error", "run_bench", "step_outputs"]
+__all__ = ["COLUMNS", "FLOORS", "MODES", "BenchConfig", "input_shapes", "max_error", "run_bench",
+           "step_outputs", "unknown_models"]
 
 MODES = ("default", "max-autotune")
 # torch's max-autotune adds CUDA graphs, which kiln does not have (and whose outputs are
@@ -46,9 +50,9 @@ TORCH_MODES = {"max-autotune": "max-autotune-no-cudagraphs"}
 
 FLOORS = {torch.float32: 1e-4, torch.float64: 1e-10, torch.bfloat16: 1e-2,
           torch.float16: 1e-3}
-COLUMNS = ("model", "variant", "verdict", "err_vs_eager", "err_vs_fp64", "median_ms",
-           "speedup", "cold_compile_s", "recompile_warm_s", "peak_mem_mb", "mem_ratio",
-           "graphs", "breaks")
+COLUMNS = ("model", "variant", "input", "verdict", "err_vs_eager", "err_vs_fp64", "median_ms",
+           "speedup", "compile_s", "first_call_s", "recompile_warm_s", "peak_mem_mb",
+           "mem_ratio", "graphs", "breaks")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,6 +169,26 @@ def _first_call_s(step: Callable[[], Any], device: str) -> tuple[float, Any]:
     return time.perf_counter() - start, out
 
 
+def _compile_s(step: Callable[[], Any], device: str) -> tuple[Any, float, dict[str, float]]:
+    """The first call: its outputs, wall seconds, and kiln's recorded compile stages."""
+    _sync(device)
+    out, wall, stages = timed_first_call(lambda: (step(), _sync(device))[0])
+    return out, wall, stages
+
+
+def _compile_total(variant: str, first_s: float, stages: dict[str, float],
+                   step: Callable[[], Any], device: str) -> float:
+    """kiln: the recorded stages' sum; torch.compile (no kiln records): first minus steady."""
+    if variant == "kiln":
+        return sum(stages.values())
+    return max(first_s - _steady_s(step, device), 0.0)
+
+
+def input_shapes(inputs: Iterable[Any]) -> list[list[int]]:
+    """The shape of each tensor input, e.g. [[2, 16, 64]]."""
+    return [list(t.shape) for t in inputs if isinstance(t, torch.Tensor)]
+
+
 def _steady_s(step: Callable[[], Any], device: str) -> float:
     times = []
     for _ in range(3):
@@ -226,14 +250,15 @@ def _measure(variant: str, ref: _Reference,
     """One row without its time: compile (cold, then warm), check accuracy on the first call's
     outputs, peak memory; and the step to time."""
     spec, batch, device, train = ref.spec, ref.batch, config.device, config.train
-    row: dict[str, Any] = {"model": spec.name, "variant": variant}
+    row: dict[str, Any] = {"model": spec.name, "variant": variant,
+                           "input": input_shapes(batch.inputs)}
     _reset_all()
     model = _compile(variant, copy.deepcopy(ref.model), config)
     run = lambda: step_outputs(model, batch, spec, train)
-    first_s, out = _first_call_s(run, device)
-    steady_s = _steady_s(run, device)
+    out, row["first_call_s"], stages = _compile_s(run, device)
     if variant != "eager":
-        row["cold_compile_s"] = max(first_s - steady_s, 0.0)
+        row["compile_s"] = _compile_total(variant, row["first_call_s"], stages, run, device)
+        row["compile_stages"] = stages
     row["err_vs_eager"] = max_error(out, ref.eager_out)
     row["err_vs_fp64"] = max_error(out, ref.fp64_out)
     row["peak_mem_mb"] = _peak_mb(run, device)
@@ -241,8 +266,9 @@ def _measure(variant: str, ref: _Reference,
         _reset_all()
         fresh = _compile(variant, copy.deepcopy(ref.model), config)
         rerun = lambda: step_outputs(fresh, batch, spec, train)
-        warm_first, _ = _first_call_s(rerun, device)
-        row["recompile_warm_s"] = max(warm_first - _steady_s(rerun, device), 0.0)
+        _, warm_first, warm_stages = _compile_s(rerun, device)
+        row["recompile_warm_s"] = _compile_total(variant, warm_first, warm_stages, rerun,
+                                                 device)
         _reset_all()
         row["graphs"], row["breaks"] = _graph_counts(variant, copy.deepcopy(ref.model), batch,
                                                      train)
@@ -317,13 +343,20 @@ def run_bench(config: BenchConfig, specs: dict[str, ModelSpec] | None = None,
         if progress is not None:
             print(f"[{i + 1}/{len(config.models)}] {name} ...", file=progress, flush=True)
         model_rows = _bench_model(name, config, specs)
-        rows.extend({col: row.get(col) for col in COLUMNS} for row in model_rows)
+        rows.extend({**{col: row.get(col) for col in COLUMNS},
+                     "compile_stages": row.get("compile_stages")} for row in model_rows)
         if progress is not None:
             verdicts = ", ".join(f"{r['variant']} {r['verdict']}" for r in model_rows)
             print(f"[{i + 1}/{len(config.models)}] {name} done in "
                   f"{time.perf_counter() - start:.1f} s: {verdicts}", file=progress, flush=True)
     _reset_all()
     return rows
+
+
+def unknown_models(models: Iterable[str], specs: dict[str, ModelSpec] | None = None) -> list[str]:
+    """The names in `models` that the suite (or `specs`) does not have."""
+    specs = SUITE if specs is None else specs
+    return [m for m in models if m not in specs]
 
 
 def parse_models(text: str | None) -> tuple[str, ...]:

@@ -12,13 +12,17 @@ import math
 import os
 import platform
 import sys
+import textwrap
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 import kiln
-from kiln.tools.bench import COLUMNS, MODES, BenchConfig, names, parse_models, run_bench
+from kiln.tools.bench import (COLUMNS, MODES, BenchConfig, names, parse_models, run_bench,
+                              unknown_models)
+from kiln.tools.compile_time import DEFINITION
+from kiln.tools.suite.registry import SUITE
 
 __all__ = [
     "add_arguments",
@@ -29,18 +33,62 @@ __all__ = [
     "write_results",
 ]
 
-HEADERS = {"err_vs_eager": "err vs eager", "err_vs_fp64": "err vs fp64",
-           "median_ms": "median ms", "speedup": "speedup", "cold_compile_s": "cold compile s",
-           "recompile_warm_s": "recompile (warm process) s", "peak_mem_mb": "peak MB",
-           "mem_ratio": "mem ratio"}
+# The screen table: (row key, header, widest cell). The widths keep a line within 100 columns
+# (test_bench); CSV and JSON keep every column of COLUMNS in full.
+TABLE = (("model", "model", 10), ("variant", "variant", 13), ("input", "input", 11),
+         ("verdict", "verdict", 7), ("err_vs_eager", "vs eager", 8), ("err_vs_fp64", "vs fp64", 7),
+         ("median_ms", "ms", 7), ("speedup", "speedup", 7), ("compile_s", "compile", 8),
+         ("graphs", "graphs", 6))
+MEMORY_TABLE = (("mem_ratio", "mem", 6),)
+
+
+def legend(memory: bool) -> str:
+    """What the table's columns mean, wrapped to 100 columns."""
+    text = ("input: the input shapes; vs eager / vs fp64: max normalized error against eager "
+            "and an fp64 reference; ms: median per step; speedup: eager ms / ms; compile: seconds, "
+            f"{DEFINITION} (torch.compile: first call minus a steady call); graphs: kiln's "
+            "graphs/breaks" +
+            ("; mem: peak memory / eager's (MB in results.json)" if memory else ""))
+    return textwrap.fill(text, 100)
+
+
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def _cell(col: str, value: Any) -> str:
+def execution_note(device: str, backend: Any) -> str:
+    """What the kiln variant actually runs on `device` with `backend`, in one sentence: on the
+    CPU kiln's backend runs the captured graph as torch ops unless told to interpret its
+    kernels, and a speedup means something different in each case."""
+    from kiln.config import config as kiln_config
+    if backend != "kiln":
+        name = backend if isinstance(backend, str) else getattr(backend, "__name__", "custom")
+        return {"eager": "kiln captures the graph and the eager backend runs it as torch ops "
+                         "(no generated kernels)",
+                "aot_eager": "kiln captures the graph and traces it to ATen graphs that torch "
+                             "runs (no generated kernels)"}.get(
+            name, f"kiln captures the graph and backend {name!r} runs it")
+    if device != "cpu":
+        return "kiln runs its generated Triton kernels"
+    if kiln_config.cpu_codegen == "triton_interpret":
+        return ("on CPU kiln runs its generated Triton kernels in Triton's interpreter "
+                "(KILN_CPU_CODEGEN=triton_interpret): slow, for correctness, not speed")
+    return ("on CPU kiln runs the captured graph as torch ops (no generated kernels), so its "
+            "speedup measures capture and guard overhead only; KILN_CPU_CODEGEN="
+            "triton_interpret runs the generated kernels in Triton's interpreter instead")
+
+
+def _cell(col: str, row: dict) -> str:
+    value = row.get(col)
+    if col == "graphs" and value is not None:
+        return f"{value}/{row.get('breaks')}"
+    if col == "verdict" and value is not None:
+        return value.split(" ")[0].rstrip(":")  # pass / fail / error: details under the table
+    if col == "input" and value is not None:
+        return ",".join("x".join(map(str, shape)) for shape in value)
     if value is None:
         return "—"
     if col.startswith("err_"):
-        return f"{value:.2e}"
+        return f"{value:.1e}"
     if col == "speedup" or col == "mem_ratio":
         return f"{value:.2f}x"
     if isinstance(value, float):
@@ -48,13 +96,27 @@ def _cell(col: str, value: Any) -> str:
     return str(value)
 
 
+def _fit(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
 def format_table(rows: list[dict]) -> str:
-    """A fixed-width text table with one line per row and the columns of `COLUMNS`."""
-    headers = [HEADERS.get(c, c) for c in COLUMNS]
-    cells = [[_cell(c, row.get(c)) for c in COLUMNS] for row in rows]
-    widths = [max([len(h)] + [min(len(r[i]), 60) for r in cells]) for i, h in enumerate(headers)]
-    line = lambda vals: "  ".join(v[:60].ljust(w) for v, w in zip(vals, widths))
-    return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in cells])
+    """The screen table (≤ 100 columns): one line per row. Peak memory is only measured on CUDA;
+    its columns appear when some row has it, else one line says why they are absent. Verdicts
+    other than pass are spelled out in full under the table."""
+    measured_memory = any(r.get("mem_ratio") is not None for r in rows)
+    spec = TABLE + (MEMORY_TABLE if measured_memory else ())
+    cells = [[_fit(_cell(key, row), cap) for key, _, cap in spec] for row in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, (_, h, _) in enumerate(spec)]
+    line = lambda vals: " ".join(v.ljust(w) for v, w in zip(vals, widths)).rstrip()
+    lines = [line([h for _, h, _ in spec]), line(["-" * w for w in widths])]
+    lines += [line(r) for r in cells]
+    if not measured_memory:
+        lines.append("peak memory: not measured (CUDA only: torch.cuda's allocator statistics)")
+    lines += [textwrap.fill(f"{r['model']} / {r['variant']}: {r['verdict']}", 100,
+                            subsequent_indent="  ")
+              for r in rows if r.get("verdict") and r["verdict"] != "pass"]
+    return "\n".join(lines)
 
 
 def _geomean(values: list[float]) -> float | None:
@@ -94,7 +156,9 @@ def _config_dict(config: BenchConfig) -> dict:
     return {"models": list(config.models), "backend": backend, "mode": config.mode,
             "dtype": str(config.dtype),
             "train": config.train, "size": config.size, "compare": list(config.compare),
-            "repeat": config.repeat, "device": config.device, "torch": torch.__version__,
+            "repeat": config.repeat, "device": config.device,
+            "kiln_runs": execution_note(config.device, config.backend),
+            "compile_time": DEFINITION, "torch": torch.__version__,
             "kiln": kiln.__version__, "python": platform.python_version(),
             "machine": platform.machine()}
 
@@ -108,7 +172,8 @@ def write_results(rows: list[dict], config: BenchConfig, out_dir: str) -> list[s
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         writer.writeheader()
         writer.writerows({c: "" if r.get(c) is None else r[c] for c in COLUMNS} for r in rows)
-    clean = [{c: _json_value(r.get(c)) for c in COLUMNS} for r in rows]
+    clean = [{**{c: _json_value(r.get(c)) for c in COLUMNS},
+              "compile_stages": r.get("compile_stages")} for r in rows]
     with open(json_path, "w") as f:
         json.dump({"config": _config_dict(config), "columns": list(COLUMNS), "rows": clean,
                    "summary": summary(rows), "summary_line": summary_line(rows)}, f, indent=2)
@@ -121,9 +186,19 @@ def _json_value(value: Any) -> Any:
     return value
 
 
-def write_plot(rows: list[dict], out_dir: str) -> str | None:
-    """speedups.png: speedup over eager per model and compiled variant; None when matplotlib is
-    not importable."""
+def _plot_title(config: BenchConfig | None) -> str:
+    if config is None:
+        return "speedup over eager"
+    step = "training step" if config.train else "inference"
+    return (f"kiln bench: speedup over eager ({step}, {str(config.dtype).removeprefix('torch.')}"
+            f", {config.device}, size {config.size})\n"
+            f"{execution_note(config.device, config.backend).split(', so ')[0]}")
+
+
+def write_plot(rows: list[dict], out_dir: str, config: BenchConfig | None = None) -> str | None:
+    """speedups.png: speedup over eager per model (labelled with its input shape) and compiled
+    variant, each bar labelled with its value, the title saying what ran where; None when
+    matplotlib is not importable."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -131,18 +206,24 @@ def write_plot(rows: list[dict], out_dir: str) -> str | None:
     except ImportError:
         return None
     models = names(rows)
+    inputs = {r["model"]: _cell("input", r) for r in rows}
     variants = [v for v in dict.fromkeys(r["variant"] for r in rows) if v != "eager"]
-    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(models)), 4))
+    fig, ax = plt.subplots(figsize=(max(7, 1.6 * len(models)), 4.8))
     width = 0.8 / max(len(variants), 1)
     for k, variant in enumerate(variants):
         by_model = {r["model"]: r.get("speedup") or 0.0 for r in rows if r["variant"] == variant}
-        ax.bar([i + k * width for i in range(len(models))],
-               [by_model.get(m, 0.0) for m in models], width, label=variant)
-    ax.axhline(1.0, color="grey", linewidth=0.8)
+        bars = ax.bar([i + k * width for i in range(len(models))],
+                      [by_model.get(m, 0.0) for m in models], width, label=variant)
+        ax.bar_label(bars, fmt="%.2fx", fontsize=8, padding=2)
+    ax.axhline(1.0, color="grey", linewidth=0.8, label="eager (1.00x)")
     ax.set_xticks([i + width * (len(variants) - 1) / 2 for i in range(len(models))])
-    ax.set_xticklabels(models)
-    ax.set_ylabel("speedup over eager")
-    ax.legend()
+    ax.set_xticklabels([f"{m}\n{inputs.get(m, '')}" for m in models], fontsize=8)
+    ax.set_ylabel("speedup over eager (higher is faster)")
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.15)  # room for the value labels
+    ax.set_title(textwrap.fill(_plot_title(config), 90), fontsize=9)
+    # below the axes, so it never covers a bar
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=len(variants) + 1,
+              fontsize=8, frameon=False)
     fig.tight_layout()
     path = os.path.join(out_dir, "speedups.png")
     fig.savefig(path, dpi=100)
@@ -150,8 +231,24 @@ def write_plot(rows: list[dict], out_dir: str) -> str | None:
     return path
 
 
+DESCRIPTION = """\
+Benchmark models of kiln's suite under eager PyTorch, kiln and (with --compare torch)
+torch.compile, side by side. Per model and variant: accuracy against eager and against an fp64
+reference, the median time of one step, the speedup over eager, the compile time and kiln's
+graph and break counts. Prints a table and writes results.csv, results.json and speedups.png."""
+
+
+def models_help() -> str:
+    """The suite's models, one per line with its description: `bench --help`'s epilog."""
+    width = max(map(len, SUITE))
+    return "models (--models a,b; default all):\n" + "\n".join(
+        f"  {name:<{width}}  {textwrap.shorten(spec.description.removeprefix(name + ':'), 70)}"
+        for name, spec in SUITE.items())
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--models", help="comma-separated suite models (default: all)")
+    parser.add_argument("--models", help="comma-separated suite models (default: all; the "
+                        "list is below)")
     parser.add_argument("--backend", default=None,
                         help="kiln backend: eager, aot_eager or another registered name "
                         "(default: kiln.config.default_backend)")
@@ -177,6 +274,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def bench_command(args: argparse.Namespace, echo: Callable[[str], None] = print) -> int:
     from kiln.config import config as kiln_config
+    unknown = unknown_models(parse_models(args.models))
+    if unknown:
+        print(f"kiln bench: unknown model(s) {', '.join(unknown)}; choose from "
+              f"{', '.join(SUITE)}", file=sys.stderr)
+        return 2
     device = "cuda" if torch.cuda.is_available() and not args.cpu else "cpu"
     config = BenchConfig(models=parse_models(args.models),
                          backend=args.backend or kiln_config.default_backend, mode=args.mode,
@@ -186,19 +288,22 @@ def bench_command(args: argparse.Namespace, echo: Callable[[str], None] = print)
     echo(f"kiln {kiln.__version__} bench on {device} (torch {torch.__version__}): "
          f"{'training' if config.train else 'inference'}, {args.dtype}, size {config.size}, "
          f"backend {config.backend}" + (f", mode {config.mode}" if config.mode else ""))
+    note = execution_note(device, config.backend)
+    echo(f"what runs: {note}")
     rows = run_bench(config, progress=sys.stderr)
     echo(format_table(rows))
+    echo(legend(any(r.get("mem_ratio") is not None for r in rows)))
     for path in write_results(rows, config, args.out):
         echo(f"wrote {path}")
-    plot = write_plot(rows, args.out)
+    plot = write_plot(rows, args.out, config)
     echo(f"wrote {plot}" if plot else "plot skipped: matplotlib is missing")
-    echo(summary_line(rows))
+    echo(summary_line(rows) + ("" if device != "cpu" else f" ({note.split(' (')[0]})"))
     if getattr(args, "report", False):
-        echo(f"wrote {write_bench_report(config, args.out)}")
+        echo(f"wrote {write_bench_report(config, args.out, rows)}")
     return 0
 
 
-def write_bench_report(config: BenchConfig, out_dir: str) -> str:
+def write_bench_report(config: BenchConfig, out_dir: str, rows: list[dict] | None = None) -> str:
     """The HTML report of the run's first model (`python -m kiln report suite:<model>`, same
     backend, mode, device and size; training configs are reported in inference) as
     `<out_dir>/report.html`, with its debug dir beside it; returns the path."""
@@ -210,4 +315,7 @@ def write_bench_report(config: BenchConfig, out_dir: str) -> str:
     shutil.rmtree(debug_dir, ignore_errors=True)  # ours: only this run's graphs
     data = report_for_target(f"suite:{config.models[0]}", backend=backend, mode=config.mode,
                              device=config.device, size=config.size, debug_dir=debug_dir)
+    if rows:
+        data.bench_table = format_table(rows) + "\n" + legend(
+            any(r.get("mem_ratio") is not None for r in rows)) + "\n" + summary_line(rows)
     return write_report(data, os.path.join(out_dir, "report.html"))

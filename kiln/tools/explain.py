@@ -11,7 +11,8 @@ from typing import Any, Callable
 import torch
 
 from kiln.capture import records
-from kiln.diagnostics import GuardRecord, RecompileReason, Unsupported
+from kiln.tools.compile_time import DEFINITION, format_stages, stage_seconds
+from kiln.diagnostics import GuardRecord, RecompileReason, Unsupported, user_terms
 
 __all__ = ["ExplainOutput", "explain", "op_name"]
 
@@ -52,8 +53,8 @@ class ExplainOutput:
             lines.append("Saved for backward:")
             lines.extend(_indent(r) for r in self.saved_reports)
         lines.extend(_guard_lines(self.out_guards, verbose))
-        times = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in self.compile_times.items())
-        lines.append(f"Compile Times: {times}")
+        lines.append(f"Compile Time: {format_stages(self.compile_times)}")
+        lines.append(f"  ({DEFINITION})")
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -69,7 +70,8 @@ def _guard_lines(guards: list[GuardRecord], verbose: bool) -> list[str]:
     lines = [f"Guards ({len(guards)}, by kind; all of them with --verbose / "
              f"render(verbose=True)):"]
     for kind, group in sorted(by_kind.items(), key=lambda item: (-len(item[1]), item[0])):
-        lines.append(f"  {len(group):4d} {kind:<14} e.g. {group[0].expr}")
+        example = user_terms(group[0].expr, group[0].location)
+        lines.append(f"  {len(group):4d} {kind:<14} e.g. {example}")
     return lines
 
 
@@ -163,10 +165,8 @@ def _unique_by_cost(breaks: list[Unsupported]) -> list[Unsupported]:
 def _summarize(recorder: records.Recorder) -> ExplainOutput:
     graphs = [g.graph for g in recorder.graphs if g.graph is not None]
     ops = [g.ops for g in recorder.graphs if g.graph is not None]
-    times: dict[str, float] = {}
-    for g in recorder.graphs:
-        for stage, seconds in g.compile_seconds.items():
-            times[stage] = times.get(stage, 0.0) + seconds
+    times = stage_seconds([g.compile_seconds for g in recorder.graphs],
+                          recorder.pipeline_timings)
     guards = [guard for g in recorder.graphs for guard in g.guards]
     breaks = _unique_by_cost(recorder.breaks)
     return ExplainOutput(graphs, len(graphs), len(breaks), breaks,

@@ -38,20 +38,28 @@ def test_rows_table_and_files_have_the_documented_columns(tmp_path):
     assert [(r["model"], r["variant"]) for r in rows] == [
         ("mlp", "eager"), ("mlp", "kiln"), ("gpt2", "eager"), ("gpt2", "kiln")]
     for row in rows:
-        assert tuple(row) == COLUMNS
+        assert tuple(row) == COLUMNS + ("compile_stages",)
         assert row["verdict"] == "pass", row
+        assert row["input"] == bench.input_shapes(SUITE[row["model"]].build("small")[1].inputs)
         assert row["median_ms"] > 0 and row["peak_mem_mb"] is None
         assert 0 < row["err_vs_fp64"] < 1e-4
     kiln_row = rows[1]
     assert kiln_row["graphs"] == 1 and kiln_row["breaks"] == 0
-    assert kiln_row["cold_compile_s"] > 0 and kiln_row["recompile_warm_s"] >= 0
+    # compile = kiln's recorded stages; the first call also runs the compiled code once
+    assert kiln_row["compile_s"] == pytest.approx(sum(kiln_row["compile_stages"].values()))
+    assert "capture" in kiln_row["compile_stages"]
+    assert 0 < kiln_row["compile_s"] < kiln_row["first_call_s"]
+    assert kiln_row["recompile_warm_s"] >= 0
     assert kiln_row["speedup"] == rows[0]["median_ms"] / kiln_row["median_ms"]
     table = format_table(rows)
-    for header in ("model", "variant", "verdict", "err vs eager", "err vs fp64", "median ms",
-                   "speedup", "cold compile s", "recompile (warm process) s", "peak MB",
-                   "mem ratio", "graphs", "breaks"):
-        assert header in table.splitlines()[0]
-    assert "—" in table  # no peak memory on the CPU
+    assert table.splitlines()[0].split() == ["model", "variant", "input", "verdict", "vs",
+                                             "eager", "vs", "fp64", "ms", "speedup", "compile",
+                                             "graphs"]
+    assert re.search(r"^mlp +kiln +16x32 +pass ", table, re.M), table
+    assert "1/0" in table.splitlines()[3]  # kiln's graphs/breaks
+    # no peak-memory columns on the CPU, and a line that says why
+    assert "mem" not in table.splitlines()[0]
+    assert "peak memory: not measured (CUDA only" in table
     csv_path, json_path = write_results(rows, _config(), str(tmp_path))
     with open(csv_path) as f:
         reader = csv.DictReader(f)
@@ -60,6 +68,9 @@ def test_rows_table_and_files_have_the_documented_columns(tmp_path):
     with open(json_path) as f:
         data = json.load(f)
     assert data["columns"] == list(COLUMNS) and len(data["rows"]) == 4
+    assert data["rows"][0]["input"] == [[16, 32]]
+    assert data["config"]["kiln_runs"].startswith("kiln captures the graph and the eager backend "
+                                                  "runs it as torch ops")
     assert data["summary"]["kiln"]["passed"] == 2
 
 
@@ -162,3 +173,57 @@ def test_bench_report_flag_writes_the_html_report(tmp_path, monkeypatch):
     assert lines[-1] == f"wrote {report}"
     page = open(report).read()
     assert "kiln report: suite:mlp" in page and 'id="kernels"' in page
+    bench_section = page.split('id="bench"')[1].split("</section>")[0]
+    assert re.search(r"mlp +kiln +16x32 +pass", bench_section), bench_section
+    assert "summary: kiln pass rate 1/1" in bench_section
+
+
+def _fake_row(model: str, variant: str, **kw) -> dict:
+    row = dict.fromkeys(COLUMNS)
+    row.update(model=model, variant=variant, input=[[32, 512, 1024], [32, 512]], verdict="pass",
+               err_vs_eager=1.234e-7, err_vs_fp64=float("inf"), median_ms=12345.678,
+               speedup=123.456, compile_s=1234.5678, graphs=12, breaks=11, **kw)
+    return row
+
+
+@pytest.mark.parametrize("memory", [False, True])
+def test_table_fits_100_columns_even_with_long_names_and_errors(memory):
+    extra = {"peak_mem_mb": 12345.6, "mem_ratio": 12.34} if memory else {}
+    rows = [_fake_row("hf:a_very_long_architecture_name", variant, **extra)
+            for variant in ("eager", "kiln", "torch.compile")]
+    rows[1]["verdict"] = "error: RuntimeError: " + "something went wrong " * 20
+    table = format_table(rows)
+    assert max(len(line) for line in table.splitlines()) <= 100, table
+    assert ("mem" in table.splitlines()[0]) is memory
+    assert "32x512x102…" in table  # the input shapes, cut to their column (JSON has all)
+    assert "32x512x102… error" in table.splitlines()[3]
+    assert "hf:a_very_long_architecture_name / kiln: error: RuntimeError: something" in table
+    assert max(len(line) for line in bench_report.legend(memory).splitlines()) <= 100
+
+
+def test_unknown_model_exits_non_zero_and_lists_the_choices(tmp_path, capsys):
+    args = _parse("--models", "mlp,nosuch", "--cpu", "--out", str(tmp_path))
+    assert bench_report.bench_command(args, echo=lambda line: None) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kiln bench: unknown model(s) nosuch; choose from seed_block, gpt2")
+    assert not os.listdir(tmp_path)  # nothing written
+
+
+def test_bench_help_lists_the_models_and_describes_the_command(capsys):
+    from kiln.__main__ import main
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    out = capsys.readouterr().out
+    assert "Benchmark models of kiln's suite under eager PyTorch" in out
+    assert "Rendering of" not in out and "`kiln.tools" not in out  # no developer docstring
+    for name in SUITE:
+        assert f"\n  {name} " in out
+
+
+def test_cpu_note_says_what_kiln_ran(monkeypatch):
+    from kiln.config import config
+    assert "runs the captured graph as torch ops" in bench_report.execution_note("cpu", "kiln")
+    with config.patch(cpu_codegen="triton_interpret"):
+        note = bench_report.execution_note("cpu", "kiln")
+    assert note.startswith("on CPU kiln runs its generated Triton kernels in Triton's interpreter")
+    assert bench_report.execution_note("cuda", "kiln") == "kiln runs its generated Triton kernels"

@@ -267,3 +267,50 @@ def test_report_in_headless_chromium(tmp_path):
     assert stats["width"] == 1280 and stats["height"] > 900
     assert stats["colours"] > 50, stats
     assert 0.05 < stats["nonWhite"] < 0.98, stats
+
+
+def test_cpu_report_says_why_kernel_sections_are_empty_and_how_to_fill_them():
+    from kiln.tools.report.data import ReportData
+    page = _parse(render_html(ReportData(target="suite:mlp", device="cpu", backend="kiln",
+                                         captures=[{"function": "f", "capture": 0.01,
+                                                    "backend": 0.002}])))
+    for sid in ("fusion", "kernels", "roofline"):
+        text = page.text[sid]
+        assert "on CPU the kiln backend runs the captured graph as torch ops" in text, sid
+        assert "KILN_CPU_CODEGEN=triton_interpret" in text, sid
+    assert "python -m kiln bench --report" in page.text["bench"]
+    # one definition of compile time: capture + backend, the same words as bench and explain
+    assert "12.00 ms" in page.text["summary"] and "compile (all stages)" in page.text["summary"]
+    assert "first call = compile + first run" in page.text["summary"]
+
+
+def test_bench_table_appears_in_the_report():
+    from kiln.tools.report.data import ReportData
+    data = ReportData(target="suite:mlp", device="cpu", backend="kiln",
+                      bench_table="model variant ...\nmlp   kiln    16x32 pass")
+    assert "mlp   kiln    16x32 pass" in _parse(render_html(data)).text["bench"]
+
+
+def test_copy_bandwidth_label_sits_under_its_line():
+    import re
+
+    from kiln.tools.report.ceilings import Ceilings
+    from kiln.tools.report.render import roofline
+    svg, _ = roofline([], Ceilings("cpu", bandwidth=20e9, flops=500e9, matmul_dtype="float32"))
+    label = re.search(r'<text class="bandwidth-label" x="([\d.]+)" y="([\d.]+)"', svg)
+    first = re.search(r'<polyline[^>]*points="([\d.]+),([\d.]+) ([\d.]+),([\d.]+)"', svg)
+    x0, y0, x1, y1 = map(float, first.groups())
+    lx, ly = float(label.group(1)), float(label.group(2))
+    line_y_at = lambda x: y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    text_top = ly - 12  # font-size 12; the line rises to the right (y decreases)
+    assert y1 < y0 and x0 <= lx
+    assert text_top > line_y_at(lx), "the label's left end touches the bandwidth line"
+
+
+def test_report_help_describes_the_command_not_the_module(capsys):
+    from kiln.__main__ import main
+    with pytest.raises(SystemExit):
+        main(["report", "--help"])
+    out = capsys.readouterr().out
+    assert "Write one self-contained HTML file" in out
+    assert "`add_arguments`" not in out and "report_command" not in out

@@ -64,8 +64,12 @@ class BuiltinVT(VT):
                 unsupported("builtin-failed", f"{_name(self.fn)}() raised {type(err).__name__}: "
                             f"{err}", category="user-fixable")
         tensors = any(isinstance(a, (TensorVT, NdarrayVT)) for a in args)
-        unsupported("builtin-arguments", f"{_name(self.fn)}() with arguments "
-                    f"{', '.join(a.describe() for a in args)} is not supported yet",
+        described = ", ".join(a.describe() for a in args)
+        # on a tensor the call needs its value in Python, which no graph can give (fundamental);
+        # on other values it is capture that lacks a rule (not supported yet)
+        unsupported("builtin-arguments", f"{_name(self.fn)}() of {described} needs the "
+                    "tensor's value in Python, which a graph does not have" if tensors else
+                    f"{_name(self.fn)}() with arguments {described} is not supported yet",
                     category="fundamental" if tensors else "not-supported-yet",
                     hint="this needs a tensor's value in Python: keep the computation in tensor "
                          "ops, or do it outside the compiled function" if tensors else
@@ -370,8 +374,8 @@ def _slice(tx: Translator, args: Args, kwargs: Kwargs) -> VT | None:
 def _print(tx: Translator, args: Args, kwargs: Kwargs) -> VT | None:
     unsupported("print", "print() inside a compiled function writes to the console, which a "
                 "captured graph cannot do", category="user-fixable",
-                hint="remove the print or move it outside the compiled function "
-                     "(graph breaks will run it in place once they land)")
+                hint="the graph breaks there and the print runs in place; remove it or move it "
+                     "outside the compiled function to keep one graph")
 
 
 def _callable(tx: Translator, args: Args, kwargs: Kwargs) -> VT | None:

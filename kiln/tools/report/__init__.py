@@ -1,10 +1,11 @@
 """report: one self-contained HTML page on what kiln did to a program and where the time goes.
 
 Input: a target run live (`collect_report(fn, args, ...)`) or an existing `KILN_DEBUG_DIR`
-(`from_debug_dir(path)`). Output: `render_html(data)` with the sections summary, graph-breaks
-(ranked by cost, with source lines and hints), recompiles, fusion (ATen ops per kernel, and the
-neighbours not fused with the reason), kernels (time, bytes, GB/s, FLOP/s, % of the measured
-copy-bandwidth and matmul ceilings), roofline (inline SVG) and compile-time.
+(`from_debug_dir(path)`). Output: `render_html(data)` with the sections summary, bench (the
+`kiln bench --report` table), graph-breaks (ranked by cost, with source lines and hints),
+recompiles, fusion (ATen ops per kernel, and the neighbours not fused with the reason), kernels
+(time, bytes, GB/s, FLOP/s, % of the measured copy-bandwidth and matmul ceilings), roofline
+(inline SVG) and compile-time.
 
 Files: `artifacts.py` reads a debug dir, `collect.py` runs a target, `profile.py` times kernels,
 `ceilings.py` measures the machine, `metrics.py` derives per-kernel numbers, `render.py` and

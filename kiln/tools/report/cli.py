@@ -18,7 +18,20 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["add_arguments", "report_command", "report_for_target"]
+__all__ = ["DESCRIPTION", "add_arguments", "report_command", "report_for_target"]
+
+DESCRIPTION = """\
+Write one self-contained HTML file (no network, no scripts) about how kiln compiled your code:
+graph breaks ranked by cost, recompiles and the guards that failed, fusion decisions, each
+generated kernel against the machine's measured ceilings (roofline), and compile time by stage.
+
+  python -m kiln report [TARGET] [-o report.html]
+  python -m kiln report --from-debug-dir DIR [-o report.html]
+
+TARGET is script.py:make, module:make or suite:NAME (default suite:seed_block, full size on
+CUDA, small on the CPU). The first form compiles and runs it; the second rebuilds the report
+from a KILN_DEBUG_DIR folder alone. On the CPU kiln generates no kernels by default, so the
+kernel sections say why they are empty."""
 
 DEFAULT_TARGET = "suite:seed_block"
 

@@ -31,7 +31,8 @@ class ReportData:
     {"function", "capture", "backend"} seconds; graphs: the debug dir's graph folders;
     kernel_times: seconds per call by kernel name; timing_note: how they were attributed;
     ceilings: `Ceilings` as a dict (None when not measured); first/steady call seconds; notes:
-    anything the reader should know about missing data."""
+    anything the reader should know about missing data; bench_table: `kiln bench`'s screen table
+    when the report comes from `kiln bench --report` ("" otherwise)."""
     target: str = "?"
     device: str = "?"
     backend: str = "?"
@@ -50,6 +51,7 @@ class ReportData:
     kiln_version: str = kiln.__version__
     debug_dir: str = ""
     live: bool = True
+    bench_table: str = ""
 
     @property
     def ceilings_obj(self) -> Ceilings | None:

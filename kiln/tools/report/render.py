@@ -9,13 +9,15 @@ from __future__ import annotations
 import html
 import os
 
+from kiln.diagnostics import user_terms
+from kiln.tools.compile_time import DEFINITION, stage_seconds
 from kiln.tools.report.data import ReportData
 from kiln.tools.report.metrics import KernelRow, kernel_rows
 from kiln.tools.report.svg import compile_time_bars, roofline
 
 __all__ = ["SECTION_IDS", "render_html"]
 
-SECTION_IDS = ("summary", "graph-breaks", "recompiles", "fusion", "kernels", "roofline",
+SECTION_IDS = ("summary", "bench", "graph-breaks", "recompiles", "fusion", "kernels", "roofline",
                "compile-time")
 
 _CSS = """
@@ -102,7 +104,7 @@ def _pct(fraction: float | None) -> str:
 # --- summary --------------------------------------------------------------------------------
 
 def _summary(data: ReportData, rows: list[KernelRow]) -> str:
-    compile_s = sum(c.get("capture", 0.0) + c.get("backend", 0.0) for c in data.captures)
+    compile_s = sum(_stage_totals(data).values())
     kernel_s = sum(r.seconds for r in rows if r.seconds is not None)
     cards = [("model", data.target), ("device", data.device),
              ("backend", data.backend + (f" ({data.mode})" if data.mode else "")),
@@ -110,11 +112,11 @@ def _summary(data: ReportData, rows: list[KernelRow]) -> str:
              ("recompiles", len(data.recompiles)), ("kernels", len(rows)),
              ("first call (compile + run)", _fmt_s(data.first_call_s)),
              ("steady call", _fmt_s(data.steady_call_s)),
-             ("capture + backend compile", _fmt_s(compile_s if data.captures else None)),
+             ("compile (all stages)", _fmt_s(compile_s if data.captures else None)),
              ("kernel time per call", _fmt_s(kernel_s if data.kernel_times else None))]
     html_cards = "".join(f'<div class="card"><b>{_e(v)}</b><span>{_e(k)}</span></div>'
                          for k, v in cards)
-    notes = "".join(f'<p class="note">{_e(n)}</p>' for n in data.notes)
+    notes = "".join(f'<p class="note">{_e(n)}</p>' for n in [DEFINITION + "."] + data.notes)
     where = f'<p class="note">debug dir: <code>{_e(data.debug_dir)}</code>; torch ' \
             f'{_e(data.torch_version)}, kiln {_e(data.kiln_version)}</p>'
     return _section("summary", "Summary", f'<div class="cards">{html_cards}</div>{where}{notes}')
@@ -124,6 +126,24 @@ def _fmt_s(seconds: float | None) -> str:
     if seconds is None:
         return "—"
     return f"{seconds * 1e3:.2f} ms" if seconds < 10 else f"{seconds:.1f} s"
+
+
+def _bench(data: ReportData) -> str:
+    if not data.bench_table:
+        return _section("bench", "Bench", _empty(
+            "no bench results: this report was made by `python -m kiln report`; "
+            "`python -m kiln bench --report` puts its eager / kiln / torch.compile table here"))
+    return _section("bench", "Bench", f"<pre>{_e(data.bench_table)}</pre>")
+
+
+def _no_kernels(data: ReportData) -> str:
+    """Why there are no kernels, and how to get them."""
+    if data.device.startswith("cpu") and data.backend == "kiln":
+        return ("on CPU the kiln backend runs the captured graph as torch ops, so it generates "
+                "no kernels; run on a GPU, or set KILN_CPU_CODEGEN=triton_interpret and "
+                "TRITON_INTERPRET=1 to generate them and run them in Triton's interpreter (slow)")
+    return (f"backend {data.backend!r} generated no kernels for these graphs (no kernels.json "
+            "in the debug dir); the \"kiln\" backend generates them")
 
 
 # --- graph breaks and recompiles ------------------------------------------------------------
@@ -162,10 +182,11 @@ def _recompiles(data: ReportData) -> str:
             "no recompiles: every call after the first hit a compiled entry"))
     rows = []
     for r in data.recompiles:
-        why = "<br>".join(f"<code>{_e(f['expr'])}</code>: expected {_e(f['expected'])}, got "
+        why = "<br>".join(f"<code>{_e(user_terms(f['expr']))}</code>: expected "
+                          f"{_e(f['expected'])}, got "
                           f"{_e(f['actual'])}" for f in r.get("failures") or ()) or \
             "no cache entry matched"
-        rows.append([f"<code>{_e(r['function'])}</code>", _location(r.get("location")),
+        rows.append([f"<code>{_e(user_terms(r['function']))}</code>", _location(r.get("location")),
                      _e(r.get("entry_count", "")), why])
     return _section("recompiles", "Recompiles",
                     _table(["function", "where", "entry", "failed guards"], rows, {2}))
@@ -199,9 +220,7 @@ def _fusion(data: ReportData) -> str:
     with_fusion = [g for g in data.graphs if g.fusion["groups"] or g.fusion["not_fused"]
                    or g.schedule]
     if not with_fusion:
-        return _section("fusion", "Fusion", _empty(
-            f"no fusion data: backend {data.backend!r} generated no kernels for these graphs "
-            "(no fusion.json in the debug dir; see the summary's notes)"))
+        return _section("fusion", "Fusion", _empty(f"no fusion data: {_no_kernels(data)}"))
     by_name = {k["name"]: k for k in data.kernels}
     return _section("fusion", "Fusion", "".join(_fusion_graph(g, by_name) for g in with_fusion))
 
@@ -237,9 +256,8 @@ def _ceiling_note(data: ReportData) -> str:
 
 def _kernels(data: ReportData, rows: list[KernelRow]) -> str:
     if not rows:
-        return _section("kernels", "Kernels", _empty(
-            f"no kernel data: backend {data.backend!r} generated no kernels for these graphs "
-            "(no kernels.json in the debug dir; see the summary's notes)") + _ceiling_note(data))
+        return _section("kernels", "Kernels", _empty(f"no kernel data: {_no_kernels(data)}")
+                        + _ceiling_note(data))
     note = data.timing_note or "no kernel times recorded"
     if not data.device.startswith("cuda"):
         note += ("; on the CPU, times are CPU-side times of the profiler ranges (Triton runs "
@@ -253,29 +271,19 @@ def _roofline(data: ReportData, rows: list[KernelRow]) -> str:
     svg, plotted = roofline(rows, data.ceilings_obj)
     if not svg:
         return _section("roofline", "Roofline", _empty(
-            "no roofline: no measured ceilings and no kernel with FLOPs and a time"))
+            "no roofline: the machine's ceilings were not measured and no kernel has FLOPs and "
+            f"a time ({_no_kernels(data)})"))
     missing = len(rows) - plotted
     note = (f'<p class="note">{plotted} kernel(s) plotted; {missing} without a FLOP count or a '
             "time are not (pointwise kernels often count 0 FLOPs).</p>") if rows else \
-        _empty(f"no kernels: backend {data.backend!r} generated none for these graphs; the "
-               "ceilings alone are drawn")
+        _empty(f"no kernels to plot: {_no_kernels(data)}; the ceilings alone are drawn")
     return _section("roofline", "Roofline", note + svg)
 
 
 # --- compile time --------------------------------------------------------------------------
 
 def _stage_totals(data: ReportData) -> dict[str, float]:
-    totals: dict[str, float] = {}
-    for c in data.captures:
-        totals["capture"] = totals.get("capture", 0.0) + c.get("capture", 0.0)
-    for g in data.graphs:
-        for stage, seconds in g.timings.items():
-            if stage != "total":
-                totals[stage] = totals.get(stage, 0.0) + seconds
-    if not any(g.timings for g in data.graphs):
-        for c in data.captures:
-            totals["backend"] = totals.get("backend", 0.0) + c.get("backend", 0.0)
-    return totals
+    return stage_seconds(data.captures, [g.timings for g in data.graphs])
 
 
 def _compile_time(data: ReportData) -> str:
@@ -283,7 +291,7 @@ def _compile_time(data: ReportData) -> str:
     if not totals:
         return _section("compile-time", "Compile time", _empty(
             "no compile times: neither capture records nor timings.json"))
-    stages = list(dict.fromkeys(s for g in data.graphs for s in g.timings))
+    stages = list(dict.fromkeys(s for g in data.graphs for s in g.timings if s != "total"))
     rows = [[_e(g.name)] + [_num(g.timings.get(s), "{:.1f}", 1e3) for s in stages]
             for g in data.graphs if g.timings]
     per_graph = _table(["graph"] + [f"{s} ms" for s in stages], rows,
@@ -291,8 +299,8 @@ def _compile_time(data: ReportData) -> str:
         f"no timings.json: backend {data.backend!r} does not time its stages; capture and the "
         "whole backend call are shown")
     total = sum(totals.values())
-    body = (f'<p class="note">total {total * 1e3:.1f} ms over all graphs (capture from capture '
-            "records, the rest from each graph's timings.json)</p>" +
+    body = (f'<p class="note">compile {total * 1e3:.1f} ms over all graphs. {_e(DEFINITION)}. '
+            "Capture from capture records, the rest from each graph's timings.json.</p>" +
             compile_time_bars(totals) + per_graph)
     return _section("compile-time", "Compile time", body)
 
@@ -300,7 +308,7 @@ def _compile_time(data: ReportData) -> str:
 def render_html(data: ReportData) -> str:
     rows = kernel_rows(data.kernels, data.kernel_times, data.ceilings_obj)
     nav = "".join(f'<a href="#{sid}">{sid.replace("-", " ")}</a>' for sid in SECTION_IDS)
-    sections = [_summary(data, rows), _breaks(data), _recompiles(data), _fusion(data),
+    sections = [_summary(data, rows), _bench(data), _breaks(data), _recompiles(data), _fusion(data),
                 _kernels(data, rows), _roofline(data, rows), _compile_time(data)]
     title = f"kiln report: {data.target}"
     return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"

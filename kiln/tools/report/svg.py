@@ -87,11 +87,13 @@ def roofline(rows: list[KernelRow], ceilings: Ceilings | None) -> tuple[str, int
         parts.append(f'<text x="{axes.px(ridge) + 6:.1f}" y="{axes.py(ceilings.flops) - 6:.1f}" '
                      f'font-size="12" fill="#c53030">matmul ceiling '
                      f'{html.escape(_fmt_si(ceilings.flops, "FLOP/s"))}</text>')
+        # under the rising bandwidth line, starting at a point of it: the text runs right, where
+        # the line is higher, so they never cross
         label_x = max(lo, x_start) * 1.5
-        label_y = axes.py(label_x * ceilings.bandwidth) - 8
+        label_y = axes.py(label_x * ceilings.bandwidth) + 18
         bandwidth = html.escape(_fmt_si(ceilings.bandwidth, "B/s"))
-        parts.append(f'<text x="{axes.px(label_x):.1f}" y="{label_y:.1f}" font-size="12">'
-                     f"copy bandwidth {bandwidth}</text>")
+        parts.append(f'<text class="bandwidth-label" x="{axes.px(label_x) + 4:.1f}" '
+                     f'y="{label_y:.1f}" font-size="12">copy bandwidth {bandwidth}</text>')
     for i, r in enumerate(points):
         tip = (f"{r.name}: {r.intensity:.3g} FLOP/B, {_fmt_si(r.flop_rate, 'FLOP/s')}")
         parts.append(f'<circle class="kernel-dot" cx="{axes.px(r.intensity):.1f}" '
