@@ -257,6 +257,7 @@ _KERNEL_FIELDS: dict[str, Callable[[Any], bool]] = {
     "grid": lambda v: isinstance(v, list) and 1 <= len(v) <= 3 and all(
         _is_int(g) and g >= 0 for g in v),
     "kind": lambda v: isinstance(v, str), "reduction_class": lambda v: isinstance(v, str),
+    "index_checks": lambda v: isinstance(v, bool),
     "origins": lambda v: isinstance(v, list) and all(
         isinstance(o, list) and len(o) == 3 and isinstance(o[0], str) and isinstance(o[1], str)
         and isinstance(o[2], (str, type(None))) for o in v),

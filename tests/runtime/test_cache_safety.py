@@ -330,3 +330,11 @@ def test_a_malformed_binary_entry_is_a_miss(root, field, value):
 def test_private_root_is_one_per_process():
     assert cache.private_root() == cache.private_root()
     assert _mode(cache.private_root()) == 0o700
+
+
+def test_the_kernel_schema_names_every_kernelspec_field():
+    """A field added to KernelSpec but not to the warm-start schema made every stored graph a
+    miss (the schema check refused it): the two must list the same fields."""
+    import dataclasses
+    from kiln.codegen.kernel import KernelSpec
+    assert set(warm._KERNEL_FIELDS) == {f.name for f in dataclasses.fields(KernelSpec)}
