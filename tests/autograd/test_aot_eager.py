@@ -598,4 +598,6 @@ def test_lstm_final_states_keep_eagers_shape_under_torchs_squeeze_bug(monkeypatc
         ours = kiln.compile(lstm, backend="aot_eager")(x)
         theirs = lstm(x)
     assert [t.shape for t in (ours[0], *ours[1])] == [t.shape for t in (theirs[0], *theirs[1])]
-    torch.testing.assert_close(ours, theirs)
+    # on CUDA eager's LSTM is cuDNN's (TF32 by default): values are checked against fp64 in
+    # tests/runtime/test_eager_parity.py; here the shapes are the point
+    torch.testing.assert_close(ours, theirs, rtol=1e-3, atol=2e-4)

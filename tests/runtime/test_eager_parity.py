@@ -3,6 +3,8 @@ answer (or eager's exception) on the test device (KILN_TEST_DEVICE; CPU runs the
 kernels in Triton's interpreter, CUDA runs real binaries). Fresh random inputs every call."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -206,4 +208,15 @@ def test_lstm_state_shapes_equal_eager(device, mkldnn, monkeypatch):
         out, (h, c) = _compiled(lstm)(x)
         ref, (rh, rc) = lstm(x)
     assert (out.shape, h.shape, c.shape) == (ref.shape, rh.shape, rc.shape)
-    torch.testing.assert_close((out, h, c), (ref, rh, rc))
+    # Values against an fp64 reference: on CUDA eager runs cuDNN's LSTM (TF32 by default), kiln
+    # decomposed fp32 matmuls, so the two differ by more than either differs from the truth.
+    with torch.no_grad():
+        exact = [t.float() for t in _flat(copy.deepcopy(lstm).double().cpu()(x.double().cpu()))]
+    for got, eager, want in zip(_flat((out, (h, c))), _flat((ref, (rh, rc))), exact):
+        eager_err = (eager.cpu() - want).abs().max().item()
+        assert (got.cpu() - want).abs().max().item() <= max(1.5 * eager_err, 1e-5)
+
+
+def _flat(result):
+    out, (h, c) = result
+    return [out, h, c]
