@@ -20,6 +20,8 @@ from typing import Any, Callable
 import torch
 import torch.fx
 
+from kiln._util import is_hashable
+
 from kiln.autograd import _compat
 from kiln.autograd.decompositions import keeps
 from kiln.errors import KilnError
@@ -463,18 +465,10 @@ class _FunctionFixes(torch.overrides.TorchFunctionMode):
                            kwargs: dict | None = None) -> Any:
         from kiln.autograd.decompositions import FUNCTION_FIXES
 
-        fix = FUNCTION_FIXES.get(func) if _hashable(func) else None
+        fix = FUNCTION_FIXES.get(func) if is_hashable(func) else None
         if fix is not None:
             return fix(func, args, kwargs or {})
         return func(*args, **(kwargs or {}))
-
-
-def _hashable(value: Any) -> bool:
-    try:
-        hash(value)
-    except TypeError:
-        return False
-    return True
 
 
 class _Replay(torch.fx.Interpreter):

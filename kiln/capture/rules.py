@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from kiln._util import is_hashable
+
 __all__ = ["classify", "why_unsupported", "is_library_module", "allow_in_graph", "disable",
            "ALLOWED_IN_GRAPH", "DISABLED"]
 
@@ -69,7 +71,7 @@ def classify(value: Any) -> str:
     if isinstance(value, types.ModuleType):
         return "module"
     from kiln.capture.variables.builtins import SPECIAL_FUNCTIONS
-    if _hashable(value) and value in SPECIAL_FUNCTIONS:
+    if is_hashable(value) and value in SPECIAL_FUNCTIONS:
         return "special"
     if _is_builtin(value):
         return "builtin"
@@ -123,7 +125,7 @@ def _unsupported_torch(value: Any) -> str | None:
     `torch.manual_seed` by a functools.wraps wrapper when it is imported, so identity alone
     misses it."""
     for _ in range(8):  # a few layers of __wrapped__ at most
-        if _hashable(value) and value in _UNSUPPORTED_TORCH:
+        if is_hashable(value) and value in _UNSUPPORTED_TORCH:
             return _UNSUPPORTED_TORCH[value]
         value = getattr(value, "__wrapped__", None)
         if value is None:
@@ -132,7 +134,7 @@ def _unsupported_torch(value: Any) -> str | None:
 
 
 def _is_builtin(value: Any) -> bool:
-    if getattr(value, "__module__", None) in ("builtins",) and _hashable(value):
+    if getattr(value, "__module__", None) in ("builtins",) and is_hashable(value):
         return getattr(builtins, getattr(value, "__name__", ""), None) is value
     owner = getattr(value, "__self__", None)
     if isinstance(value, types.BuiltinFunctionType) and owner in _PURE_MODULES:
@@ -141,10 +143,3 @@ def _is_builtin(value: Any) -> bool:
     return isinstance(value, types.BuiltinMethodType) and isinstance(
         owner, (str, bytes, int, float, tuple, frozenset, torch.dtype, torch.device))
 
-
-def _hashable(value: Any) -> bool:
-    try:
-        hash(value)
-    except TypeError:
-        return False
-    return True

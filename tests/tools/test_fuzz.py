@@ -144,25 +144,25 @@ def _known(pattern: str) -> list:
         for path in sorted(glob.glob(os.path.join(FINDINGS, pattern)))]
 
 
-@pytest.mark.parametrize("path", _known("*.py"))
-def test_known_findings_still_fail(path):
-    """Each open finding's reproducer, run with the backend its name gives (the kiln backend's
-    ones through the Triton interpreter, where they were found)."""
+def _check_reproducer(path: str) -> None:
+    """Run a reproducer with the backend its name gives (the kiln backend's through the Triton
+    interpreter, where they were found) and assert the oracle's verdict."""
     with open(path) as handle:
         source = handle.read()
     backend = next(b for b in ("aot_eager", "eager", "kiln") if f"-{b}-" in path)
     with config.patch(cpu_codegen="triton_interpret" if backend == "kiln" else "eager"):
         verdict = check_source(source, backend)
     assert verdict.ok, f"{verdict.failure}: {verdict.detail}"
+
+
+@pytest.mark.parametrize("path", _known("*.py"))
+def test_known_findings_still_fail(path):
+    """Each open finding's reproducer still fails (strict xfail: a fix shows up as XPASS)."""
+    _check_reproducer(path)
 
 
 @pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(FINDINGS, "fixed", "*.py"))),
                          ids=os.path.basename)
 def test_fixed_findings_pass(path):
     """Each fixed finding's reproducer passes the oracle now (a regression test per class)."""
-    with open(path) as handle:
-        source = handle.read()
-    backend = next(b for b in ("aot_eager", "eager", "kiln") if f"-{b}-" in path)
-    with config.patch(cpu_codegen="triton_interpret" if backend == "kiln" else "eager"):
-        verdict = check_source(source, backend)
-    assert verdict.ok, f"{verdict.failure}: {verdict.detail}"
+    _check_reproducer(path)

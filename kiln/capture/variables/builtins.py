@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
+from kiln._util import is_hashable
 from kiln.capture.unsupported import unsupported
 from kiln.capture.variables.base import VT, ConstantVT, NotConstant
 from kiln.capture.variables.containers import DictVT, IteratorVT, ListVT, SliceVT, TupleVT
@@ -429,7 +430,7 @@ class SpecialVT(VT):
 
     @staticmethod
     def for_value(value: Any) -> SpecialVT | None:
-        return SpecialVT(value) if _hashable(value) and value in SPECIAL_FUNCTIONS else None
+        return SpecialVT(value) if is_hashable(value) and value in SPECIAL_FUNCTIONS else None
 
     def python_type(self) -> type:
         return type(self.value)
@@ -446,14 +447,6 @@ class SpecialVT(VT):
     def getattr(self, tx: Translator, name: str) -> VT:
         from kiln.capture.variables.builder import wrap_derived
         return wrap_derived(tx, getattr(self.value, name))
-
-
-def _hashable(value: Any) -> bool:
-    try:
-        hash(value)
-    except TypeError:
-        return False
-    return True
 
 
 def _no_grad(tx: Translator, args: Args, kwargs: Kwargs) -> VT:
