@@ -132,7 +132,7 @@ def _outputs(builder: GraphBuilder, values: list, metas: list) -> list:
     the base is realized first and the others are placed in it by their eager geometry."""
     out: list[Any] = [None] * len(values)
     for group in _alias_groups(metas):
-        base = max(group, key=lambda i: metas[i].numel())
+        base = max(group, key=lambda i: (_is_dense(metas[i]), metas[i].numel()))
         out[base] = _output(builder, values[base], metas[base])
         for i in group:
             if i != base:
@@ -160,14 +160,21 @@ def _alias_of(base: Any, base_meta: torch.Tensor, meta: torch.Tensor) -> TensorA
     if not isinstance(base, TensorArg) or not _same_strides(base, base_meta.stride()) \
             or meta.dtype != base_meta.dtype:
         return None
-    lo, hi = _span(base_meta)
-    if hi - lo + 1 != base_meta.numel():
+    if not _is_dense(base_meta):
         return None
+    lo, hi = _span(base_meta)
     mlo, mhi = _span(meta)
     if mlo < lo or mhi > hi:
         return None
     offset = base.offset + meta.storage_offset() - base_meta.storage_offset()
     return TensorArg(base.name, base.dtype, tuple(meta.shape), tuple(meta.stride()), offset)
+
+
+def _is_dense(meta: torch.Tensor) -> bool:
+    """Its elements fill its storage span exactly (no holes, no overlaps): a base the others
+    can be placed in. An expanded view has more elements than its span, a strided slice fewer."""
+    lo, hi = _span(meta)
+    return hi - lo + 1 == meta.numel()
 
 
 def _span(meta: torch.Tensor) -> tuple[int, int]:
