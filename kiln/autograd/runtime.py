@@ -254,14 +254,15 @@ class TrainingVariant(Variant):
         num_mutated = len(self.joint.mutated_inputs)
         returned = [*outs[:num_mutated],
                     *(o if keep else None for o, keep in zip(outs[num_mutated:], self.returned))]
+        views.extend(_bases_for_views(returned, num_mutated))
+        ctx.views = tuple(views)
+        for view in views:  # the hidden base in its view's slot, or None beside a returned base
+            returned[view.slot] = returned[view.slot]._base if view.base_slot == view.slot \
+                else None
         frozen = [o for o, diff in zip(returned, [False] * num_mutated + self.differentiable)
                   if isinstance(o, torch.Tensor) and not diff]
         if frozen:
             ctx.mark_non_differentiable(*frozen)
-        views.extend(_bases_for_views(returned, num_mutated))
-        ctx.views = tuple(views)
-        for view in views:
-            returned[view.slot] = view.returned_value
         return tuple(returned)
 
     def backward(self, ctx: Any, grads: tuple) -> tuple:
@@ -294,44 +295,24 @@ def _make_function(variant: TrainingVariant) -> type:
     return CompiledFunction
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class _ViewOfIntermediate:
-    """Returned output `slot` is a view of a tensor made inside the forward. The Function returns
-    something else in that slot (`returned_value`) and the view is made again outside it, from
-    the output in `base_slot`, as `as_strided(size, stride, base offset + offset)`. Either the
-    slot returns the hidden base itself (`base_slot == slot`; the view's gradient is read back
-    out of the base's gradient), or the base is another returned output (`base_slot != slot`;
-    the slot returns None and the base's gradient already carries the view's part)."""
+    """Returned output `slot` is a view of a tensor made inside the forward; the view is made
+    again outside the Function from the output in `base_slot`. Either the slot returns the
+    hidden base itself (`base_slot == slot`; the view's gradient is read back out of the base's
+    gradient), or the base is another returned output (`base_slot != slot`; the slot returns
+    None and the base's gradient already carries the view's part). `reshape`: the view is
+    `base.view(size)` (both contiguous, same elements and start), whose backward is a reshape;
+    otherwise it is `as_strided(size, stride, base offset + offset)`."""
 
     slot: int
     base_slot: int
     size: tuple[int, ...]
     stride: tuple[int, ...]
     offset: int
-    returned_value: torch.Tensor | None
-    base_size: tuple[int, ...] = ()
-    base_stride: tuple[int, ...] = ()
-
-    def is_reshape_of(self, base: torch.Tensor) -> bool:
-        """The view is `base.view(size)`: both contiguous, same elements, same start."""
-        return (self.offset == 0 and base.is_contiguous() and base.numel() == _numel(self.size)
-                and _is_contiguous(self.size, self.stride))
-
-
-def _numel(size: tuple[int, ...]) -> int:
-    count = 1
-    for n in size:
-        count *= n
-    return count
-
-
-def _is_contiguous(size: tuple[int, ...], stride: tuple[int, ...]) -> bool:
-    expected = 1
-    for n, st in zip(reversed(size), reversed(stride)):
-        if n != 1 and st != expected:
-            return False
-        expected *= n
-    return True
+    reshape: bool
+    base_size: tuple[int, ...]
+    base_stride: tuple[int, ...]
 
 
 def _bases_for_views(returned: list, first: int) -> list[_ViewOfIntermediate]:
@@ -351,12 +332,15 @@ def _bases_for_views(returned: list, first: int) -> list[_ViewOfIntermediate]:
         if not isinstance(o, torch.Tensor) or o._base is None or o.dtype != o._base.dtype:
             continue
         base = o._base
-        geometry = (tuple(o.shape), tuple(o.stride()), o.storage_offset() - base.storage_offset())
+        offset = o.storage_offset() - base.storage_offset()
+        reshape = (offset == 0 and o.is_contiguous() and base.is_contiguous()
+                   and o.numel() == base.numel())
+        geometry = (tuple(o.shape), tuple(o.stride()), offset, reshape,
+                    tuple(base.shape), tuple(base.stride()))
         if id(base) in slots:
-            found.append(_ViewOfIntermediate(k, slots[id(base)], *geometry, None))
+            found.append(_ViewOfIntermediate(k, slots[id(base)], *geometry))
         elif hidden_uses[id(base)] == 1 and torch._debug_has_internal_overlap(o) == 0:
-            found.append(_ViewOfIntermediate(k, k, *geometry, base, tuple(base.shape),
-                                             tuple(base.stride())))
+            found.append(_ViewOfIntermediate(k, k, *geometry))
     return found
 
 
@@ -367,7 +351,7 @@ def _view_again(outs: tuple, views: list[_ViewOfIntermediate]) -> tuple:
     outs = list(outs)
     for view in views:
         base = outs[view.base_slot]
-        if view.is_reshape_of(base):
+        if view.reshape:
             outs[view.slot] = base.view(view.size)  # its backward is a reshape, not a scatter
         else:
             outs[view.slot] = base.as_strided(view.size, view.stride,
@@ -385,7 +369,7 @@ def _view_gradients(grads: tuple, views: tuple[_ViewOfIntermediate, ...]) -> tup
         grad = grads[view.slot]
         if grad is None or view.base_slot != view.slot:
             continue
-        if view.is_reshape_of(grad):
+        if view.reshape and grad.is_contiguous():
             grads[view.slot] = grad.view(view.size)
             continue
         if tuple(grad.stride()) != view.base_stride:
