@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import collections.abc
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kiln.capture.sources import Source
 from kiln.capture.unsupported import unsupported
-from kiln.capture.variables.base import VT, ConstantVT
+from kiln.capture.variables.base import VT
 
 if TYPE_CHECKING:
     from kiln.capture.translator import Translator

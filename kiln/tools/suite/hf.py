@@ -8,7 +8,7 @@ imported lazily so kiln runs without it.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
