@@ -23,14 +23,13 @@ current when it was bound (the wrapper runs under a device guard, as Inductor's 
 """
 from __future__ import annotations
 
-import contextvars
-import sys
-
 import concurrent.futures as futures
 import contextlib
+import contextvars
 import logging
 import multiprocessing
 import os
+import sys
 import time
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
