@@ -70,6 +70,8 @@ def _literal(value: Any) -> str:
 
 
 _COMPARE = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+# torch computes bool + bool and bool * bool as bytes and stores them as bool: or / and.
+_BOOL_ARITHMETIC = {"add": "bitwise_or", "mul": "bitwise_and"}
 _UNARY = {
     "abs": "tl.abs({0})", "neg": "-{0}", "exp": "tl.exp({0})", "exp2": "tl.exp2({0})",
     "expm1": "libdevice.expm1({0})", "log": "tl.log({0})", "log1p": "libdevice.log1p({0})",
@@ -363,6 +365,8 @@ class TritonPrinter(OpsHandler):
         a, b = args
         if name in _COMPARE:
             return self._emit(f"{a} {_COMPARE[name]} {b}", torch.bool)
+        if dtype == torch.bool and name in _BOOL_ARITHMETIC:  # i1 arithmetic wraps (1 + 1 == 0)
+            name = _BOOL_ARITHMETIC[name]
         simple = {"add": "+", "sub": "-", "mul": "*", "bitwise_and": "&", "bitwise_or": "|",
                   "bitwise_xor": "^"}
         if name in simple:

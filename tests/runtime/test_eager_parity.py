@@ -220,3 +220,14 @@ def test_lstm_state_shapes_equal_eager(device, mkldnn, monkeypatch):
 def _flat(result):
     out, (h, c) = result
     return [out, h, c]
+
+
+# -- bool arithmetic (fuzz seed 7305: `x.add_(x | x)` on bool zeroed x) ------------------------
+
+def test_bool_add_and_mul_are_or_and_and(device):
+    def fn(x, y):
+        x.add_(x | y)  # True + True stays True in torch; 1-bit arithmetic wraps to 0
+        return x * y, (x + y) * x
+
+    _assert_same_call(fn, lambda: [torch.rand(3, 3, 2, device=device) > 0.5,
+                                   torch.rand(3, 3, 2, device=device) > 0.5])
