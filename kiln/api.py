@@ -12,7 +12,8 @@ import torch
 
 from kiln.backends import list_backends, lookup_backend
 from kiln.backends.kiln_backend import kiln_backend
-from kiln.capture import CompileSettings, clear_caches, compile_function, compiling
+from kiln.capture import CompileSettings, clear_caches, compile_function
+from kiln.capture.escapes import graph_break, is_compiling
 from kiln.capture import mutation, rules
 from kiln.capture.module_wrapper import CompiledModule
 from kiln.config import config
@@ -169,15 +170,6 @@ def disable(fn: Callable | None = None, recursive: bool = True) -> Any:
 def allow_in_graph(fn: Callable) -> Callable:
     """Record calls to `fn` as one graph node, evaluated on fake tensors at capture time."""
     return rules.allow_in_graph(fn)
-
-
-def graph_break() -> None:
-    """Stop capture here (in eager code it does nothing)."""
-
-
-def is_compiling() -> bool:
-    """True while kiln captures the calling code (constant-folded to True inside graphs)."""
-    return compiling()
 
 
 def mark_dynamic(tensor: torch.Tensor, dim: int | list[int], **kwargs: Any) -> None:

@@ -34,7 +34,7 @@ from kiln.autograd import _compat
 from kiln.autograd.trace import (AutogradUnsupported, JointGraph, OutputInfo, TensorSpec,
                                  lifted_attributes, trace_inference, trace_joint)
 from kiln.errors import KilnError
-from kiln.capture import records
+from kiln import records
 from kiln.logs import artifact_enabled, artifact_logger, warn_once
 
 __all__ = ["Compilers", "CompiledGraph", "DoubleBackwardError", "EagerVariant", "InferenceVariant",

@@ -18,5 +18,10 @@ from __future__ import annotations
 
 from kiln.capture.cache import clear_caches, compiling
 from kiln.capture.convert import CompileSettings, compile_function
+from kiln.capture.variables.builtins import kiln_specials
+from kiln.capture.variables.reflection import register_reflection
 
 __all__ = ["compile_function", "CompileSettings", "clear_caches", "compiling"]
+
+kiln_specials()  # here, not in the package root: capture owns its special functions
+register_reflection()

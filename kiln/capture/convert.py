@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import torch
 
-from kiln.capture import records
+from kiln import records
 from kiln.capture.cache import (CacheEntry, CodeCache, build_dispatcher, cache_for, compiling,
                                 compiling_scope)
 from kiln.capture.breaks import check_resumable, route_only
@@ -29,10 +29,10 @@ from kiln.capture.translator import StopAtBreak, Translator
 from kiln.capture.unsupported import Unsupported
 from kiln.capture.variables.base import CellBox, LazyVT
 from kiln.config import config
-from kiln.tools.dump import dump_capture
+from kiln.dump import new_dump_folder, write_dump
 from kiln.diagnostics import RecompileReason, UserLocation, user_terms
 from kiln.diagnostics import Unsupported as UnsupportedRecord
-from kiln.capture.bytecode import UnsupportedBytecode
+from kiln.capture.bytecode import UnsupportedBytecode, decode, format_instrs
 from kiln.errors import BackendCompilerFailed, InternalError, KilnError, UnsupportedError
 from kiln.logs import artifact_enabled, artifact_logger, warn_once
 
@@ -387,3 +387,18 @@ def compile_function(fn: types.FunctionType, settings: CompileSettings) -> Calla
 
     kiln_compiled._kiln_compiled = compiled  # type: ignore[attr-defined]
     return kiln_compiled
+
+
+def dump_capture(code: types.CodeType, gm: Any, guards: list, body: list[str]) -> str | None:
+    """Write the capture stage's artifacts for one graph under KILN_DEBUG_DIR; returns the folder
+    (None when dumping is off)."""
+    folder = new_dump_folder(code.co_qualname)
+    if folder is None:
+        return None
+    write_dump(folder, {
+        "graph.py": gm.print_readable(print_output=False) if gm is not None else "# no graph\n",
+        "guards.txt": "\n".join(g.record().render() for g in guards) + "\n",
+        "entry.py": "def entry(...):\n" + "".join(f"    {line}\n" for line in body),
+        "bytecode.txt": format_instrs(decode(code)) + "\n",
+    })
+    return folder

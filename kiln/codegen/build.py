@@ -42,7 +42,7 @@ _compile_lock = threading.Lock()
 def cache_dir() -> Path:
     """Where kernel sources are written: `KILN_CODEGEN_CACHE_DIR`, else `<cache_root()>/kernels`
     (a folder another user owns or may write is refused, as the cache root is)."""
-    from kiln.runtime.cache import cache_root, make_private_dir, trusted_folder
+    from kiln.paths import cache_root, make_private_dir, trusted_folder
 
     path = os.environ.get("KILN_CODEGEN_CACHE_DIR")
     if path:

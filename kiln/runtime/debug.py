@@ -37,7 +37,7 @@ def report_artifact(artifact: Any, gm: torch.fx.GraphModule | None) -> str | Non
 
 
 def dump_artifact(artifact: Any, gm: torch.fx.GraphModule | None) -> str | None:
-    from kiln.tools.dump import new_dump_folder, write_dump
+    from kiln.dump import new_dump_folder, write_dump
 
     folder = new_dump_folder(artifact.name)
     if folder is None:

@@ -103,7 +103,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
     timings["total"] = sum(v for k, v in timings.items() if k != "total")
     ordered = [specs[g.name] for g in schedule.groups]
     artifact = CompiledArtifact(name, call, code, ordered, schedule, graph, timings)
-    from kiln.capture import records
+    from kiln import records
     from kiln.runtime.debug import report_artifact
 
     records.emit("pipeline_timings", dict(timings))  # for explain's and bench's compile time

@@ -36,8 +36,9 @@ from typing import Any, TextIO
 
 import torch
 
-import kiln
+from kiln import api
 from kiln.tools.compile_time import timed_first_call
+from kiln.tools.explain import explain
 from kiln.tools.suite.registry import SUITE, ModelSpec, infer, train_step
 
 __all__ = ["COLUMNS", "FLOORS", "MODES", "BenchConfig", "input_shapes", "max_error", "run_bench",
@@ -199,13 +200,13 @@ def _steady_s(step: Callable[[], Any], device: str) -> float:
 # --- variants ---------------------------------------------------------------------------------
 
 def _reset_all() -> None:
-    kiln.reset()
+    api.reset()
     torch._dynamo.reset()
 
 
 def _compile(variant: str, model: torch.nn.Module, config: BenchConfig) -> Any:
     if variant == "kiln":
-        return kiln.compile(model, backend=config.backend, mode=config.mode)
+        return api.compile(model, backend=config.backend, mode=config.mode)
     if variant == "torch.compile":
         return torch.compile(model, mode=TORCH_MODES.get(config.mode, config.mode))
     return model
@@ -218,7 +219,7 @@ def _graph_counts(variant: str, model: torch.nn.Module, batch: Any,
     model.train(train)
     with torch.set_grad_enabled(train):
         if variant == "kiln":
-            report = kiln.explain(model)(*batch.inputs)
+            report = explain(model)(*batch.inputs)
         else:
             report = torch._dynamo.explain(model)(*batch.inputs)
     return report.graph_count, report.graph_break_count

@@ -18,11 +18,11 @@ from typing import Any
 
 import torch
 
-import kiln
 from kiln.tools.bench import (COLUMNS, MODES, BenchConfig, names, parse_models, run_bench,
                               unknown_models)
 from kiln.tools.compile_time import DEFINITION
 from kiln.tools.suite.registry import SUITE
+from kiln.version import __version__
 
 __all__ = [
     "add_arguments",
@@ -159,7 +159,7 @@ def _config_dict(config: BenchConfig) -> dict:
             "repeat": config.repeat, "device": config.device,
             "kiln_runs": execution_note(config.device, config.backend),
             "compile_time": DEFINITION, "torch": torch.__version__,
-            "kiln": kiln.__version__, "python": platform.python_version(),
+            "kiln": __version__, "python": platform.python_version(),
             "machine": platform.machine()}
 
 
@@ -285,7 +285,7 @@ def bench_command(args: argparse.Namespace, echo: Callable[[str], None] = print)
                          dtype=_DTYPES[args.dtype], train=args.train,
                          size=args.size or ("full" if device == "cuda" else "small"),
                          compare=tuple(args.compare), repeat=args.repeat, device=device)
-    echo(f"kiln {kiln.__version__} bench on {device} (torch {torch.__version__}): "
+    echo(f"kiln {__version__} bench on {device} (torch {torch.__version__}): "
          f"{'training' if config.train else 'inference'}, {args.dtype}, size {config.size}, "
          f"backend {config.backend}" + (f", mode {config.mode}" if config.mode else ""))
     note = execution_note(device, config.backend)

@@ -64,7 +64,7 @@ def timed_first_call(call: Callable[[], Any]) -> tuple[Any, float, dict[str, flo
     """Run `call` (a first call of compiled code) under a capture recorder: its output, its wall
     seconds, and the seconds per compile stage recorded meanwhile; the first run is the wall
     time minus the stages' sum."""
-    from kiln.capture import records
+    from kiln import records
 
     recorder = records.Recorder()
     records.active_recorders().append(recorder)

@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import torch
 
-from kiln.capture import records
+from kiln import records
 from kiln.tools.compile_time import DEFINITION, format_stages, stage_seconds
 from kiln.diagnostics import GuardRecord, RecompileReason, Unsupported, user_terms
 

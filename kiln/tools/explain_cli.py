@@ -25,7 +25,8 @@ from typing import Any
 
 import torch
 
-import kiln
+from kiln.tools.explain import explain
+from kiln.version import __version__
 
 __all__ = ["add_arguments", "explain_command", "load_target"]
 
@@ -107,7 +108,7 @@ def explain_command(args: argparse.Namespace) -> int:
     no_grad = args.no_grad or (suite and not args.train)
     ctx = torch.no_grad() if no_grad else contextlib.nullcontext()
     with ctx:
-        report = kiln.explain(fn, backend=args.backend)(*call_args)
-    print(f"kiln {kiln.__version__} explain {args.target}")
+        report = explain(fn, backend=args.backend)(*call_args)
+    print(f"kiln {__version__} explain {args.target}")
     print(report.render(verbose=args.verbose))
     return 0

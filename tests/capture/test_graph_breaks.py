@@ -508,7 +508,7 @@ def test_fresh_inputs_do_not_recompile_resume_functions(fn):
     function (the original and every resume function) may recompile at most once (TorchDynamo's
     automatic dynamic: a value that changed becomes an input), never once per new value until the
     recompile limit. Ten calls with fresh inputs (both branch directions for branch_on_sum)."""
-    from kiln.capture import records
+    from kiln import records
     backend = CountingBackend()
     compiled = kiln.compile(fn, backend=backend)
     recorder = records.Recorder()

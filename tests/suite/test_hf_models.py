@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import kiln
-from kiln.capture import records
+from kiln import records
 
 transformers = pytest.importorskip("transformers")
 from kiln.tools.suite import hf  # noqa: E402

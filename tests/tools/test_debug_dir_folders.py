@@ -7,7 +7,7 @@ import os
 import torch
 
 import kiln
-from kiln.capture import records
+from kiln import records
 from kiln.config import config
 
 

@@ -523,8 +523,8 @@ def register_special(fn: Any, handler: Callable[[Translator, Args, Kwargs], VT])
 
 
 def kiln_specials() -> None:
-    """kiln's own escape hatches (registered lazily to avoid an import cycle)."""
-    import kiln
-    register_special(kiln.graph_break, _graph_break)
-    register_special(kiln.is_compiling, _constant(True))
+    """kiln's own escape hatches (kiln/capture/escapes.py)."""
+    from kiln.capture.escapes import graph_break, is_compiling
+    register_special(graph_break, _graph_break)
+    register_special(is_compiling, _constant(True))
 

@@ -76,15 +76,15 @@ class _Counter(logging.Handler):
 
 def check_source(source: str, backend: str, device: str = "cpu", calls: int = 2) -> Verdict:
     """Run the program in `source` under eager and under `kiln.compile(fn, backend=backend)`."""
-    import kiln
-    kiln.reset()
+    from kiln import api
+    api.reset()
     module = load_program(source)
     module.make_globals(device)
     expected, eager_inputs = _run(module.fn, module, device)
     counter = _Counter()
     logging.getLogger("kiln").addHandler(counter)
     try:
-        compiled = kiln.compile(module.fn, backend=backend)
+        compiled = api.compile(module.fn, backend=backend)
         for call in range(calls):
             got, kiln_inputs = _run(compiled, module, device)
             _compare(expected, eager_inputs, got, kiln_inputs, source, device)

@@ -40,7 +40,7 @@ def cache_dir() -> str:
     """kiln's cache dir (the runtime's `cache_root()`: $KILN_CACHE_DIR, $XDG_CACHE_HOME/kiln or
     ~/.cache/kiln)."""
     try:
-        from kiln.runtime.cache import cache_root
+        from kiln.paths import cache_root
     except ImportError:  # a kiln without the runtime stage: the same rule, spelled out
         return os.environ.get("KILN_CACHE_DIR") or os.path.join(
             os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import torch
 
-from kiln.capture import records
+from kiln import records
 from kiln.config import config
 from kiln.tools.report.artifacts import read_debug_dir
 from kiln.tools.report.ceilings import machine_ceilings
@@ -104,7 +104,7 @@ def collect_report(fn: Callable, args: tuple, *, target: str, backend: str = "ea
     under `debug_dir` (a new temporary folder when None), then time it and profile its kernels.
     `after(output)` is part of every timed call (e.g. a loss and its backward for a training
     step). Saves report.json in the debug dir so `--from-debug-dir` rebuilds the same report."""
-    import kiln
+    from kiln import api
     from kiln.backends import lookup_backend
     debug_dir = debug_dir or tempfile.mkdtemp(prefix="kiln-report-")
     data = ReportData(target=target, device=device, backend=backend, mode=mode,
@@ -114,7 +114,7 @@ def collect_report(fn: Callable, args: tuple, *, target: str, backend: str = "ea
                           "are in the report too")
     fresh = _FreshBackend(lookup_backend(backend), backend)
     with _debug_dir(debug_dir):
-        compiled = kiln.compile(fn, backend=fresh, mode=mode)
+        compiled = api.compile(fn, backend=fresh, mode=mode)
         run = (lambda: compiled(*args)) if after is None else (  # noqa: E731
             lambda: after(compiled(*args)))
         with _recording() as recorder:

@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-import kiln
 from kiln.tools.report.artifacts import REPORT_JSON, GraphArtifacts, read_debug_dir
 from kiln.tools.report.ceilings import Ceilings
+from kiln.version import __version__
 
 __all__ = ["ReportData", "from_debug_dir", "save_run_json"]
 
@@ -48,7 +48,7 @@ class ReportData:
     steady_call_s: float | None = None
     notes: list[str] = dataclasses.field(default_factory=list)
     torch_version: str = torch.__version__
-    kiln_version: str = kiln.__version__
+    kiln_version: str = __version__
     debug_dir: str = ""
     live: bool = True
     bench_table: str = ""
