@@ -7,7 +7,6 @@ import contextlib
 import html
 import html.parser
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -15,12 +14,11 @@ import textwrap
 import pytest
 import torch
 
+from child_env import child_env
 from kiln.backends import list_backends
 from kiln.config import config
 from kiln.tools.report import SECTION_IDS, collect_report, from_debug_dir, render_html
 from kiln.tools.report.ceilings import machine_ceilings
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 SCRIPT = textwrap.dedent("""
     import torch
@@ -122,9 +120,9 @@ def test_live_report_ranks_print_breaks(tmp_path, backend, capsys):
 
 
 def _kiln(*args: str, cwd: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    return subprocess.run([sys.executable, "-m", "kiln", "report", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=180, check=False)
+    return subprocess.run([sys.executable, "-m", "kiln", "report", *args], cwd=cwd,
+                          env=child_env(), capture_output=True, text=True, timeout=180,
+                          check=False)
 
 
 def test_cli_live_then_from_debug_dir(tmp_path):
