@@ -1,6 +1,6 @@
-"""`kiln report` on live code, on the CPU: a tiny function with two print() breaks of different
-cost under each available backend (eager, and kiln once it is registered), the CLI end to end
-(live, then `--from-debug-dir`), and the cached machine ceilings."""
+"""`kiln report` on live code: a tiny function with two print() breaks of different cost under
+each available backend (eager, and kiln once it is registered) on the test device, the CLI end to
+end on the CPU (live, then `--from-debug-dir`), and the cached machine ceilings."""
 from __future__ import annotations
 
 import contextlib
@@ -87,16 +87,17 @@ def _backends() -> list[str]:
 
 
 @pytest.mark.parametrize("backend", _backends())
-def test_live_report_ranks_print_breaks(tmp_path, backend, capsys):
+def test_live_report_ranks_print_breaks(tmp_path, backend, capsys, device):
     script, f = _load_script(tmp_path)
-    x, y = torch.randn(4, 8), torch.randn(4, 8)
-    # on CPU tensors the kiln backend runs its generated kernels only when asked to
-    interpret = backend == "kiln" and hasattr(config, "cpu_codegen")
+    x, y = torch.randn(4, 8, device=device), torch.randn(4, 8, device=device)
+    # on CPU tensors the kiln backend runs its generated kernels only when asked to (in the
+    # interpreter, which the CPU test device turns on); on CUDA they are compiled binaries
+    interpret = backend == "kiln" and device.type == "cpu"
     codegen = (config.patch(cpu_codegen="triton_interpret") if interpret
                else contextlib.nullcontext())
     with codegen:
         data = collect_report(f, (x, y), target="user_code.py:make", backend=backend,
-                              device="cpu", debug_dir=str(tmp_path / "debug"), calls=2)
+                              device=device.type, debug_dir=str(tmp_path / "debug"), calls=2)
     assert "expensive break" in capsys.readouterr().out  # the function really ran
     assert len(data.breaks) == 2 and data.graph_count >= 1
     page = render_html(data)
