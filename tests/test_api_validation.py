@@ -93,8 +93,9 @@ def test_kiln_backend_receives_one_resolved_options_object():
     torch.testing.assert_close(compiled(x), _f(x))
 
 
-def test_options_reach_the_autotuner(monkeypatch, tmp_path):
-    """options={"autotune": True} (no mode) turns autotuning on, with the given budget."""
+def test_options_reach_the_autotuner(monkeypatch, tmp_path, device):
+    """options={"autotune": True} (no mode) turns autotuning on, with the given budget (on the
+    test device: interpreted kernels on the CPU, benchmarked binaries on CUDA)."""
     import kiln.runtime.pipeline as pipeline
 
     budgets = []
@@ -110,22 +111,23 @@ def test_options_reach_the_autotuner(monkeypatch, tmp_path):
 
     compiled = kiln.compile(fn, backend="kiln", options={"autotune": True,
                                                          "autotune_budget_s": 0.25})
-    x, w = torch.randn(4, 8), torch.randn(8, 8)
+    x, w = torch.randn(4, 8, device=device), torch.randn(8, 8, device=device)
     with torch.no_grad():
         torch.testing.assert_close(compiled(x, w), fn(x, w))
     assert budgets and set(budgets) == {0.25}
 
 
-def test_torch_compile_style_mode_string_reaches_the_kiln_backend(monkeypatch):
+def test_torch_compile_style_mode_string_reaches_the_kiln_backend(monkeypatch, device):
     seen = []
     monkeypatch.setattr("kiln.backends.kiln_backend.compile_captured",
                         lambda gm, inputs, options: seen.append(options) or gm)
-    config.cpu_codegen = "triton_interpret"
+    config.cpu_codegen = "triton_interpret"  # CPU inputs: the interpreter, not torch ops
     gm = torch.fx.symbolic_trace(_f)
-    kiln_backend(gm, [torch.randn(3)], mode="max-autotune")
+    x = torch.randn(3, device=device)
+    kiln_backend(gm, [x], mode="max-autotune")
     assert seen == [resolve_options("max-autotune")]
     with pytest.raises(InvalidArgument, match="unknown option 'nope'"):
-        kiln_backend(gm, [torch.randn(3)], options={"nope": 1})
+        kiln_backend(gm, [x], options={"nope": 1})
 
 
 def test_other_backends_get_mode_and_options_as_torch_compile_gives_them():

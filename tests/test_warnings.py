@@ -19,9 +19,8 @@ import pytest
 import torch
 
 import kiln
+from child_env import ROOT, child_env
 from kiln.config import config
-
-ROOT = Path(__file__).resolve().parents[1]
 
 SCRIPT = textwrap.dedent("""
     import sys
@@ -88,9 +87,10 @@ def loose_cache(tmp_path_factory):
 
 
 def _run(loose_cache: Path, script: str = SCRIPT, **env: str) -> subprocess.CompletedProcess:
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("KILN_")}
-    environ.update(PYTHONPATH=str(ROOT), TRITON_INTERPRET="1", KILN_RECOMPILE_LIMIT="1",
-                   KILN_CPU_CODEGEN="triton_interpret", KILN_CACHE_DIR=str(loose_cache), **env)
+    environ = child_env({k: v for k, v in os.environ.items() if not k.startswith("KILN_")},
+                        TRITON_INTERPRET="1", KILN_RECOMPILE_LIMIT="1",
+                        KILN_CPU_CODEGEN="triton_interpret", KILN_CACHE_DIR=str(loose_cache),
+                        **env)
     done = subprocess.run([sys.executable, "-c", script], env=environ, capture_output=True,
                           text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0 and done.stdout.strip().endswith("done"), done.stderr[-3000:]
@@ -120,7 +120,7 @@ def test_an_application_with_logging_configured_sees_each_once(loose_cache):
 
 
 def test_unknown_environment_settings_fail_at_import():
-    environ = {**os.environ, "PYTHONPATH": str(ROOT), "KILN_CPU_CODEGEN": "bogus"}
+    environ = child_env(KILN_CPU_CODEGEN="bogus")
     done = subprocess.run([sys.executable, "-c", "import kiln"], env=environ,
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode != 0

@@ -2,7 +2,10 @@
 tests/runtime/test_pipeline.py)."""
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
+import tomllib
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,9 +21,24 @@ def test_registered_as_kiln():
     assert lookup_backend("kiln") is kiln_backend
 
 
-def test_torch_dynamo_entry_point():
+def _installed_entry_points() -> list[importlib.metadata.EntryPoint]:
     points = importlib.metadata.entry_points(group="torch_dynamo_backends")
-    (point,) = [p for p in points if p.name == "kiln"]
+    return [p for p in points if p.name == "kiln"]
+
+
+def test_pyproject_declares_the_torch_dynamo_entry_point():
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    declared = tomllib.loads(pyproject.read_text())["project"]["entry-points"]
+    assert declared["torch_dynamo_backends"] == {"kiln": "kiln.backends.kiln_backend:kiln_backend"}
+    module, _, name = declared["torch_dynamo_backends"]["kiln"].partition(":")
+    assert getattr(importlib.import_module(module), name) is kiln_backend
+
+
+@pytest.mark.skipif(not _installed_entry_points(), reason="kiln is not pip-installed here, so "
+                    "no distribution metadata carries its torch_dynamo_backends entry point "
+                    "(the declaration in pyproject.toml is checked above)")
+def test_installed_torch_dynamo_entry_point():
+    (point,) = _installed_entry_points()
     assert point.load() is kiln_backend
 
 

@@ -35,6 +35,7 @@ import torch.nn as nn
 
 import kiln
 import kiln.errors
+from child_env import child_env
 from helpers import (CountingBackend, assert_same_structure_and_values, line_of, mentions_line,
                      target_names)
 from kiln.capture import breaks
@@ -686,11 +687,8 @@ def test_exception_depth_scenario_in_subprocess(scenario, tmp_path):
     resume; h: the ValueError is caught by a try inside the resumed with block."""
     script = tmp_path / "exception_depth.py"
     script.write_text(_SUBPROCESS_SCENARIO)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-         os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run([sys.executable, str(script), scenario], capture_output=True, text=True,
-                          timeout=300, env=env)
+                          timeout=300, env=child_env())
     assert proc.returncode == 0, f"exit code {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     assert "SCENARIO-OK" in proc.stdout
 

@@ -1,11 +1,10 @@
 """kiln.runtime.autotune: the selection logic with an injected timer (the interpreter cannot time
 kernels), the on-disk choice reused by a later call and by another process, the budget, failing
-candidates, and the CPU rule (first candidate, nothing benchmarked or cached)."""
+candidates, and the interpreter rule (first candidate, nothing benchmarked or cached)."""
 from __future__ import annotations
 
 import io
 import logging
-import os
 import subprocess
 import sys
 import textwrap
@@ -19,6 +18,7 @@ pytest.importorskip("triton")
 # DEVICE below is the GPU where there is one; oracles run on CPU copies
 pytestmark = pytest.mark.explicit_device
 
+from child_env import child_env  # noqa: E402
 from kiln.codegen import candidate_configs, emit_group  # noqa: E402
 from kiln.lower import lower_graph  # noqa: E402
 from kiln.lower._compat import trace_aten  # noqa: E402
@@ -80,8 +80,11 @@ def test_candidates_differ():
     assert len(cands) >= 3 and len({fingerprint(c) for c in cands}) == len(cands)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU rule")
-def test_cpu_returns_first_unbenchmarked_and_caches_nothing(cache_dir, caplog):
+def test_interpreter_returns_first_unbenchmarked_and_caches_nothing(cache_dir, caplog,
+                                                                     monkeypatch):
+    # the rule reads the environment per call: on a GPU machine too, TRITON_INTERPRET=1 means
+    # there is nothing real to time
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
     cands = _candidates()
     with caplog.at_level(logging.INFO, logger="kiln.runtime"):
         assert autotune(cands, _refuse) is cands[0]
@@ -114,7 +117,7 @@ def test_picks_the_fastest_and_reuses_the_disk_choice(cache_dir, caplog):
 
 SECOND_PROCESS = textwrap.dedent("""
     import sys
-    sys.path.insert(0, {tests!r})
+    sys.path[:0] = [{tests!r}, {tests_root!r}]  # test_autotune imports child_env
     from test_autotune import _candidates, _refuse
     from kiln.runtime.autotune import autotune
     cands = _candidates()
@@ -127,11 +130,10 @@ def test_another_process_reuses_the_choice(cache_dir):
     times = [4.0] * len(cands)
     times[2] = 1.0
     autotune(cands, _make_args, timer=FakeTimer(cands, times))
-    env = dict(os.environ, PYTHONHASHSEED="7",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-    script = SECOND_PROCESS.format(tests=str(Path(__file__).parent))
-    out = subprocess.run([sys.executable, "-c", script], env=env, cwd=REPO,
-                         capture_output=True, text=True, timeout=240)
+    here = Path(__file__).parent
+    script = SECOND_PROCESS.format(tests=str(here), tests_root=str(here.parent))
+    out = subprocess.run([sys.executable, "-c", script], env=child_env(PYTHONHASHSEED="7"),
+                         cwd=REPO, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "2"
 
@@ -165,13 +167,15 @@ def test_failing_candidates_are_skipped_ties_go_to_the_earlier(cache_dir):
     assert timer.timed == list(range(len(cands)))
 
 
-def test_all_failing_returns_first_and_caches_nothing(cache_dir, caplog):
+def test_all_failing_returns_first_and_caches_no_choice(cache_dir, caplog):
     cands = _candidates()
     timer = FakeTimer(cands, [1.0] * len(cands), fail=range(len(cands)))
     with caplog.at_level(logging.WARNING, logger="kiln.runtime"):
         assert autotune(cands, _make_args, timer=timer) is cands[0]
-    assert "no candidate ran" in caplog.text
-    assert not list(cache_dir.rglob("*.json"))
+    assert "no candidate ran" in caplog.text and timer.timed == list(range(len(cands)))
+    # no tuning record; on a GPU the candidates did compile, and their binaries (binaries/,
+    # triton/) are cached like any compiled kernel's: they are not a choice
+    assert not list((cache_dir / "autotune").rglob("*.json"))
 
 
 def test_corrupt_entry_is_benchmarked_again(cache_dir):

@@ -15,10 +15,9 @@ import torch
 
 pytest.importorskip("triton")
 
+from child_env import child_env  # noqa: E402
 from kiln.runtime import binaries  # noqa: E402
 from kiln.runtime.cache import DiskCache  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _fake_launcher(source: str = "src") -> types.SimpleNamespace:
@@ -115,9 +114,8 @@ WARM_SCRIPT = textwrap.dedent("""
 
 @pytest.mark.gpu
 def test_a_new_process_loads_binaries_without_compiling(tmp_path):
-    env = dict(os.environ, KILN_CACHE_DIR=str(tmp_path / "kiln"),
-               TRITON_CACHE_DIR=str(tmp_path / "triton"),
-               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    env = child_env(KILN_CACHE_DIR=str(tmp_path / "kiln"),
+                    TRITON_CACHE_DIR=str(tmp_path / "triton"))
     runs = []
     for seed in ("1", "2"):
         proc = subprocess.run([sys.executable, "-c", WARM_SCRIPT, seed], env=env,

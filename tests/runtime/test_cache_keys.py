@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from child_env import child_env
 from kiln.runtime import cache as cache_mod
 from kiln.runtime.cache import (DiskCache, cache_key, cache_root, canonical,
                                 configure_triton_cache, tensor_meta, versions)
@@ -22,8 +23,9 @@ from kiln.runtime.cache import (DiskCache, cache_key, cache_root, canonical,
 REPO = Path(__file__).resolve().parents[2]
 
 # The same graph + metadata key, computed here and in a fresh interpreter (another hash seed:
-# set and dict iteration order differ between the two processes).
+# set and dict iteration order differ between the two processes), on the device named by argv[1].
 KEY_SCRIPT = textwrap.dedent("""
+    import sys
     import torch
     from kiln.codegen import emit_kernel
     from kiln.lower import lower_graph
@@ -33,33 +35,37 @@ KEY_SCRIPT = textwrap.dedent("""
     def fn(x, y):
         return (x * y).sum(-1) + torch.sigmoid(y).amax(-1)
 
+    device = torch.device(sys.argv[1])
     torch.manual_seed(0)
-    x, y = torch.randn(4, 8), torch.randn(4, 8, dtype=torch.float64)
+    x = torch.randn(4, 8, device=device)
+    y = torch.randn(4, 8, dtype=torch.float64, device=device)
     gm = trace_aten(fn, x, y)
     graph = lower_graph(gm)
     sources = [emit_kernel(node, graph).source for node in graph.computed]
-    meta = {"inputs": [tensor_meta(x), tensor_meta(y)], "device": torch.device("cpu"),
+    meta = {"inputs": [tensor_meta(x), tensor_meta(y)], "device": device,
             "flags": {"fuse", "tune", "cudagraphs", "inplace"}, "size": torch.Size([4, 8]),
             "options": {"b": 2.5, "a": (1, None, True), "nan": float("nan")}}
     print(cache_key(gm.code, sources, meta, versions()))
 """)
 
 
-def _key_in_subprocess(seed: str) -> str:
-    env = dict(os.environ, PYTHONHASHSEED=seed,
-               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-    out = subprocess.run([sys.executable, "-c", KEY_SCRIPT], env=env, cwd=REPO,
-                         capture_output=True, text=True, timeout=240)
+def _key_in_subprocess(seed: str, device: torch.device) -> str:
+    out = subprocess.run([sys.executable, "-c", KEY_SCRIPT, device.type],
+                         env=child_env(PYTHONHASHSEED=seed), cwd=REPO, capture_output=True,
+                         text=True, timeout=240)
     assert out.returncode == 0, out.stderr
     return out.stdout.strip().splitlines()[-1]
 
 
-def test_key_identical_across_processes():
+@pytest.mark.explicit_device  # both processes put the tensors on the test device themselves
+def test_key_identical_across_processes(device):
     namespace: dict = {}
-    here = KEY_SCRIPT.replace("print(cache_key(", "KEY = (cache_key(")
+    here = (KEY_SCRIPT.replace("print(cache_key(", "KEY = (cache_key(")
+            .replace("sys.argv[1]", repr(device.type)))
     exec(compile(here, "<key script>", "exec"), namespace)
-    there = _key_in_subprocess("12345")
+    there = _key_in_subprocess("12345", device)
     assert len(namespace["KEY"]) == 64 and namespace["KEY"] == there
+    assert namespace["x"].device.type == device.type  # the key covered the test device
 
 
 class Color(enum.Enum):

@@ -1,4 +1,4 @@
-"""Hugging Face transformers models (tiny configs, random weights) through kiln on the CPU.
+"""Hugging Face transformers models (tiny configs, random weights) through kiln on the test device.
 
 Per architecture of `kiln.tools.suite.hf.ARCHS`:
 - inference compiled by kiln equals eager on fresh random inputs;
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import os
+import zlib
 
 import pytest
 import torch
@@ -30,6 +31,12 @@ DYNAMO: dict[str, tuple[int, int]] = {arch.name: (1, 0) for arch in hf.ARCHS}
 ARCHS = [a.name for a in hf.ARCHS]
 TRAIN = [a.name for a in hf.ARCHS if a.train]
 _TABLE: dict[str, dict] = {}
+
+
+def _gen(name: str, salt: int = 0) -> torch.Generator:
+    """A CPU generator seeded from the arch name: the same inputs in every run (str hash() is
+    salted per process) and on every device (make_inputs draws on the CPU, then moves)."""
+    return torch.Generator().manual_seed(zlib.crc32(name.encode()) + salt)
 
 
 def _capture(model: torch.nn.Module, inputs: dict, backend: str = "eager"):
@@ -64,10 +71,10 @@ def _assert_outputs_equal(got, want) -> None:
 
 
 @pytest.mark.parametrize("name", ARCHS)
-def test_inference_equal_and_no_more_breaks_than_dynamo(name):
+def test_inference_equal_and_no_more_breaks_than_dynamo(name, device):
     arch = hf.get(name)
-    model = hf.build(arch)
-    inputs = hf.make_inputs(arch, gen=torch.Generator().manual_seed(hash(name) % 2**31))
+    model = hf.build(arch).to(device)
+    inputs = hf.make_inputs(arch, gen=_gen(name), device=device)
     with torch.no_grad():
         want = model(**inputs)
         got, graphs, breaks, reasons = _capture(model, inputs)
@@ -85,11 +92,11 @@ def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("name", TRAIN)
-def test_training_grads_equal_with_aot_eager(name):
+def test_training_grads_equal_with_aot_eager(name, device):
     arch = hf.get(name)
-    model = hf.build(arch, no_dropout=True).train()
+    model = hf.build(arch, no_dropout=True).train().to(device)
     twin = copy.deepcopy(model)
-    inputs = hf.make_inputs(arch, gen=torch.Generator().manual_seed(7 + hash(name) % 1000))
+    inputs = hf.make_inputs(arch, gen=_gen(name, 7), device=device)
     want_loss = hf.loss(model(**inputs))
     want_loss.backward()
     out, graphs, _, reasons = _capture(twin, inputs, backend="aot_eager")

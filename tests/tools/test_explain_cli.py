@@ -1,19 +1,18 @@
 """`python -m kiln explain`: a script's make() function and a suite model, in a subprocess."""
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
 import textwrap
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from child_env import ROOT, child_env
 
 
-def _explain(*args: str, cwd: str = ROOT) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    return subprocess.run([sys.executable, "-m", "kiln", "explain", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=120, check=False)
+def _explain(*args: str, cwd: str = str(ROOT)) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kiln", "explain", *args], cwd=cwd,
+                          env=child_env(), capture_output=True, text=True, timeout=120,
+                          check=False)
 
 
 SCRIPT = textwrap.dedent("""

@@ -1,13 +1,12 @@
-"""`kiln report` on live code, on the CPU: a tiny function with two print() breaks of different
-cost under each available backend (eager, and kiln once it is registered), the CLI end to end
-(live, then `--from-debug-dir`), and the cached machine ceilings."""
+"""`kiln report` on live code: a tiny function with two print() breaks of different cost under
+each available backend (eager, and kiln once it is registered) on the test device, the CLI end to
+end on the CPU (live, then `--from-debug-dir`), and the cached machine ceilings."""
 from __future__ import annotations
 
 import contextlib
 import html
 import html.parser
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -15,12 +14,11 @@ import textwrap
 import pytest
 import torch
 
+from child_env import child_env
 from kiln.backends import list_backends
 from kiln.config import config
 from kiln.tools.report import SECTION_IDS, collect_report, from_debug_dir, render_html
 from kiln.tools.report.ceilings import machine_ceilings
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 SCRIPT = textwrap.dedent("""
     import torch
@@ -89,16 +87,17 @@ def _backends() -> list[str]:
 
 
 @pytest.mark.parametrize("backend", _backends())
-def test_live_report_ranks_print_breaks(tmp_path, backend, capsys):
+def test_live_report_ranks_print_breaks(tmp_path, backend, capsys, device):
     script, f = _load_script(tmp_path)
-    x, y = torch.randn(4, 8), torch.randn(4, 8)
-    # on CPU tensors the kiln backend runs its generated kernels only when asked to
-    interpret = backend == "kiln" and hasattr(config, "cpu_codegen")
+    x, y = torch.randn(4, 8, device=device), torch.randn(4, 8, device=device)
+    # on CPU tensors the kiln backend runs its generated kernels only when asked to (in the
+    # interpreter, which the CPU test device turns on); on CUDA they are compiled binaries
+    interpret = backend == "kiln" and device.type == "cpu"
     codegen = (config.patch(cpu_codegen="triton_interpret") if interpret
                else contextlib.nullcontext())
     with codegen:
         data = collect_report(f, (x, y), target="user_code.py:make", backend=backend,
-                              device="cpu", debug_dir=str(tmp_path / "debug"), calls=2)
+                              device=device.type, debug_dir=str(tmp_path / "debug"), calls=2)
     assert "expensive break" in capsys.readouterr().out  # the function really ran
     assert len(data.breaks) == 2 and data.graph_count >= 1
     page = render_html(data)
@@ -122,9 +121,9 @@ def test_live_report_ranks_print_breaks(tmp_path, backend, capsys):
 
 
 def _kiln(*args: str, cwd: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    return subprocess.run([sys.executable, "-m", "kiln", "report", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=180, check=False)
+    return subprocess.run([sys.executable, "-m", "kiln", "report", *args], cwd=cwd,
+                          env=child_env(), capture_output=True, text=True, timeout=180,
+                          check=False)
 
 
 def test_cli_live_then_from_debug_dir(tmp_path):

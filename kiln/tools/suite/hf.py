@@ -120,29 +120,34 @@ def build(arch: HFArch, seed: int = 0, no_dropout: bool = False) -> torch.nn.Mod
     return model.eval()
 
 
-def make_inputs(arch: HFArch, config: Any = None,
-                gen: torch.Generator | None = None) -> dict[str, Any]:
-    """Fresh random keyword inputs for a model of `config` (default: the tiny config)."""
+def make_inputs(arch: HFArch, config: Any = None, gen: torch.Generator | None = None,
+                device: str | torch.device = "cpu") -> dict[str, Any]:
+    """Fresh random keyword inputs for a model of `config` (default: the tiny config), on
+    `device`. Drawn on the CPU (from `gen`, a CPU generator, when given) and then moved, so a seed
+    gives the same inputs on every device and a CPU generator works under `torch.device("cuda")`."""
     vocab = getattr(config, "vocab_size", _VOCAB) if config is not None else _VOCAB
     seq = _SEQ if config is None else _FULL_SEQ
-    ids = lambda: torch.randint(1, vocab, (_BATCH, seq), generator=gen)  # noqa: E731
+    cpu = torch.device("cpu")
+    ids = lambda: torch.randint(1, vocab, (_BATCH, seq), generator=gen, device=cpu)  # noqa: E731
     if arch.inputs == "ids":
-        return {"input_ids": ids()}
-    if arch.inputs == "ids_mask":
-        mask = torch.ones(_BATCH, seq, dtype=torch.long)
-        mask[1, seq // 2 + int(torch.randint(0, 3, (), generator=gen)):] = 0
-        return {"input_ids": ids(), "attention_mask": mask}
-    if arch.inputs == "enc_dec":
-        return {"input_ids": ids(), "decoder_input_ids": ids()}
-    if arch.inputs == "pixels":
+        inputs = {"input_ids": ids()}
+    elif arch.inputs == "ids_mask":
+        mask = torch.ones(_BATCH, seq, dtype=torch.long, device=cpu)
+        mask[1, seq // 2 + int(torch.randint(0, 3, (), generator=gen, device=cpu)):] = 0
+        inputs = {"input_ids": ids(), "attention_mask": mask}
+    elif arch.inputs == "enc_dec":
+        inputs = {"input_ids": ids(), "decoder_input_ids": ids()}
+    elif arch.inputs == "pixels":
         side = arch.pixels if config is None else config.image_size
-        return {"pixel_values": torch.randn(_BATCH, 3, side, side, generator=gen)}
-    if arch.inputs == "audio":
+        inputs = {"pixel_values": torch.randn(_BATCH, 3, side, side, generator=gen, device=cpu)}
+    elif arch.inputs == "audio":
         mels = arch.kwargs["num_mel_bins"] if config is None else config.num_mel_bins
         frames = 2 * (arch.kwargs["max_source_positions"] if config is None
                       else config.max_source_positions)
-        return {"input_features": torch.randn(_BATCH, mels, frames, generator=gen)}
-    raise ValueError(f"hf: unknown inputs kind {arch.inputs!r} for {arch.name}")
+        inputs = {"input_features": torch.randn(_BATCH, mels, frames, generator=gen, device=cpu)}
+    else:
+        raise ValueError(f"hf: unknown inputs kind {arch.inputs!r} for {arch.name}")
+    return {key: t.to(device) for key, t in inputs.items()}
 
 
 def tensors_of(output: Any) -> list[torch.Tensor]:
