@@ -230,10 +230,17 @@ class TritonPrinter(OpsHandler):
         if self.eviction and self._axes(index)[1]:
             extra = f", eviction_policy='{self.eviction}'"
         if mask is None:
-            return self._emit(f"tl.load({ptr} + ({self.index(index)}){extra})", dtype)
-        other = "False" if dtype == torch.bool else "0"
-        return self._emit(f"tl.load({ptr} + ({self.index(index)}), {mask}, other={other}{extra})",
-                          dtype)
+            text = f"tl.load({ptr} + ({self.index(index)}){extra})"
+        else:
+            other = "False" if dtype == torch.bool else "0"
+            text = f"tl.load({ptr} + ({self.index(index)}), {mask}, other={other}{extra})"
+        if mask is None and not any(self._axes(index)):
+            # A constant index (one element: x[1::3] of a 2-element x, a size-1 weight) loads a
+            # scalar where the body works on blocks. Compiled Triton broadcasts a scalar operand,
+            # the interpreter does not always (`|` of a block and a scalar comparison raised,
+            # fuzz seed 5083): make it a block, `[1]` / `[1, 1]` as constants are.
+            text = f"tl.broadcast_to({text}, {self._one})"
+        return self._emit(text, dtype)
 
     def store(self, name: str, index: Expr, value: TV) -> None:
         if self.on_store is not None and not self.on_store(name, index, value):
