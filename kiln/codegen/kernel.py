@@ -64,6 +64,13 @@ else:
     def _check_index(ok):
         tl.device_assert(ok, "kiln: index out of bounds")
 
+if os.environ.get("TRITON_INTERPRET") == "1":  # the interpreter truncates float -> bf16
+    from kiln.codegen._interp_libdevice import to_bf16 as _to_bf16
+else:
+    @triton.jit
+    def _to_bf16(x):
+        return x.to(tl.bfloat16)
+
 ''' + PRELUDE_HELPERS + FAST_MATH_HELPERS
 
 _PREFIX = {"pointwise": "kiln_poi", "pointwise_2d": "kiln_tile", "persistent_reduction": "kiln_per",

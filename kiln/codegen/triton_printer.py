@@ -290,7 +290,7 @@ class TritonPrinter(OpsHandler):
         ALU-bound. 16-bit values are computed in float32 and rounded back."""
         if dtype == torch.float32:
             return self._emit(f"_erf_f32({a})", dtype)
-        return self._emit(f"_erf_f32({a}.to(tl.float32)).to({triton_dtype(dtype)})", dtype)
+        return self.to_dtype(self._emit(f"_erf_f32({a}.to(tl.float32))", torch.float32), dtype)
 
     def index_expr(self, expr: Expr, dtype: torch.dtype) -> TV:
         if expr.is_constant:
@@ -327,13 +327,20 @@ class TritonPrinter(OpsHandler):
             return x
         if dtype == torch.bool:
             return self._emit(f"{x} != 0", dtype)
-        if dtype in (torch.bfloat16, torch.float16) and x.dtype is not None \
-                and not x.dtype.is_floating_point:
-            # Integers reach half types through float32, as torch's own conversion does (it
-            # has no direct int -> bf16 path); Triton's interpreter also reinterprets the bits
-            # of a direct int -> bf16 cast.
-            return self._emit(f"{x}.to(tl.float32).to({triton_dtype(dtype)})", dtype)
-        return self._emit(f"{x}.to({triton_dtype(dtype)})", dtype)
+        if dtype not in (torch.bfloat16, torch.float16):
+            return self._emit(f"{x}.to({triton_dtype(dtype)})", dtype)
+        src = x.name
+        if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            # Integers and doubles reach half types through float32, as torch converts (c10's
+            # Half and BFloat16 are built from a float; there is no direct int -> bf16 path).
+            # Triton's interpreter also reinterprets the bits of a direct int -> bf16 cast.
+            src = f"{x}.to(tl.float32)"
+        if dtype == torch.bfloat16:
+            # Rounds to nearest even (`_to_bf16` in the prelude: the interpreter truncates).
+            # An explicit cast the program wrote rounds here even when the value goes back to
+            # float32 (lower_to_copy emits the round trip; fuzz finding 7).
+            return self._emit(f"_to_bf16({src})", dtype)
+        return self._emit(f"{src}.to(tl.float16)", dtype)
 
     def where(self, cond: TV, a: TV, b: TV) -> TV:
         return self._emit(f"tl.where({cond}, {a}, {b})", _promote(a.dtype, b.dtype))

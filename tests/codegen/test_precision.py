@@ -37,6 +37,41 @@ def _kernel_source(fn, *inputs) -> str:
     return emit_kernel(node, graph).source
 
 
+def test_explicit_bf16_cast_rounds_inside_a_fused_kernel(device):
+    """Fuzz finding 7 (seed 8027): the bf16 value, not x, multiplies x (eager rounds at the
+    cast). Unrounded, the products differ by up to bf16's half ulp (~4e-3 relative)."""
+    def fn(x):
+        t = x.to(torch.bfloat16)
+        return t * x, torch.softmax(x, -1).to(torch.bfloat16).to(torch.float32), \
+            x.half().float() * x
+
+    _same(fn, lambda: [torch.randn(4, 33, device=device)], rtol=1e-6, atol=0)
+
+
+def test_casts_to_half_types_round_to_nearest_even(device):
+    """Every float32 / float64 / int64 value casts to bf16 and fp16 bit for bit as torch
+    does: ties to even, overflow to inf, NaN stays NaN (the interpreter truncated)."""
+    specials = [0.0, -0.0, float("inf"), -float("inf"), float("nan"), 3.3895314e38, 1e-40,
+                1.00390625, 1.01171875, -1.00390625, 65519.0, 65520.0]
+    g = torch.Generator().manual_seed(0)
+
+    def make():
+        bits = torch.randint(-2**31, 2**31 - 1, (256,), generator=g, dtype=torch.int64)
+        x = torch.cat([bits.to(torch.int32).view(torch.float32), torch.tensor(specials),
+                       torch.randn(256, generator=g)]).to(device)
+        return [x, x.double() * 1.0000001, (x.nan_to_num() * 1000).clamp(-1e15, 1e15).long()]
+
+    def fn(x, d, i):
+        return x.to(torch.bfloat16), x.half(), d.to(torch.bfloat16), d.half(), \
+            i.to(torch.bfloat16), (x * 1).to(torch.bfloat16)
+
+    compiled = kiln.compile(fn, backend="kiln")
+    args = make()
+    for got, want in zip(compiled(*args), fn(*args)):
+        same = (got.view(torch.int16) == want.view(torch.int16)) | (got.isnan() & want.isnan())
+        assert bool(same.all()), (got[~same][:4], want[~same][:4])
+
+
 def test_constant_index_load_is_a_block(device):
     """Fuzz finding 5 (seed 5083): clamp of a one-element slice loaded a scalar, and the
     interpreter raised on `|` of a block and a scalar comparison."""
