@@ -72,6 +72,27 @@ def test_casts_to_half_types_round_to_nearest_even(device):
         assert bool(same.all()), (got[~same][:4], want[~same][:4])
 
 
+def test_float32_division_and_sqrt_are_ieee_rounded(device):
+    """sum / n of equal values gives the value back; x / y, reciprocal, floor and trunc division
+    and (on CUDA, where eager's is IEEE) sqrt agree with eager to the last bit on random values
+    (Triton's `/` and `tl.sqrt` are approximate on CUDA)."""
+    def fn(x, y, c):
+        return x / y, torch.reciprocal(y), torch.floor_divide(x, y), \
+            torch.div(x, y, rounding_mode="trunc"), c.sum(-1) / c.shape[-1], c.mean(-1)
+
+    def make():
+        c = torch.randint(-20, 20, (6, 1), device=device).float().expand(6, 3).contiguous()
+        return [torch.randn(6, 16, device=device), torch.randn(6, 16, device=device) + 0.1, c]
+
+    _same(fn, make, rtol=0, atol=0)
+    # torch's vectorized CPU sqrt is not correctly rounded (1 ulp off); its CUDA sqrt is
+    ulp = 0 if device.type == "cuda" else 1.2e-7
+    _same(lambda x: torch.sqrt(x.abs()), lambda: [torch.randn(6, 16, device=device)],
+          rtol=ulp, atol=0)
+    src = _kernel_source(lambda x, y: x / y, torch.randn(4), torch.randn(4))
+    assert "tl.math.div_rn(" in src and " / " not in src.split("@triton.jit")[-1]
+
+
 def test_constant_index_load_is_a_block(device):
     """Fuzz finding 5 (seed 5083): clamp of a one-element slice loaded a scalar, and the
     interpreter raised on `|` of a block and a scalar comparison."""
