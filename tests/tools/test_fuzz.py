@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from kiln.config import config
+from kiln.tools.fuzz import oracle
 from kiln.tools.fuzz.gen import generate_program
 from kiln.tools.fuzz.oracle import check_source, load_program
 from kiln.tools.fuzz.pool import WorkerPool
@@ -91,6 +92,37 @@ def test_oracle_reports_wrong_values_aliasing_and_mutations():
                                                                    "mismatch:mutation")
     raising = _RETURNS_INPUT.replace("x0.mul_(2)", "x0[7] = 1")
     assert check_source(raising, "eager").ok  # both raise IndexError: same behaviour
+
+
+_MUTATES_IN_HALF = """import torch
+from kiln.tools.fuzz.inputs import make_tensor
+def make_inputs(device):
+    g = torch.Generator().manual_seed(4322)
+    return [make_tensor((2, 3), 'float16', 'contiguous', g, device),
+            make_tensor((2, 3), 'float32', 'contiguous', g, device)]
+def make_globals(device):
+    return None
+def fn(x0, x1):
+    x1.copy_(x0 * 1.5)
+    return (x0 + 1,)
+"""
+
+
+def test_oracle_forgives_a_mutation_only_when_kiln_is_as_close_as_eager_to_fp64():
+    """GPU seed 4322: eager rounds the fp16 product before copying it into a float32 input,
+    kiln (fused, float32) does not. The mutated input is judged like an output: against the
+    fp64 run's input after its call."""
+    module = load_program(_MUTATES_IN_HALF)
+    x0, x1 = module.make_inputs("cpu")
+    module.fn(x0, x1)
+    eager, exact = x1.double(), x0.double() * 1.5
+    assert (eager - exact).abs().max() > 1e-4  # fp16 rounding: a float32 mismatch
+    near = oracle._near_reference
+    assert near(_MUTATES_IN_HALF, "cpu", ("input", 1), eager, exact, 1e-5)
+    worse = eager + 3 * (eager - exact) + 1e-3
+    assert not near(_MUTATES_IN_HALF, "cpu", ("input", 1), eager, worse, 1e-5)
+    assert not near(_MUTATES_IN_HALF, "cpu", ("input", 0), x0.double(), x0.double() + 1e-2,
+                    1e-3)  # an input the program does not write: eager is exact
 
 
 def test_shrinker_reduces_a_planted_failure_to_the_failing_statement():
