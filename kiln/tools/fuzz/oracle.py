@@ -73,7 +73,11 @@ class _Counter(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.count += 1
-        self.first = self.first or record.getMessage().splitlines()[0][:200]
+        if not self.first:  # the whole text and traceback: a GPU-only failure is rerun from it
+            text = record.getMessage()
+            if record.exc_info:
+                text += "\n" + logging.Formatter().formatException(record.exc_info)
+            self.first = text
 
 
 def check_source(source: str, backend: str, device: str = "cpu", calls: int = 2) -> Verdict:
