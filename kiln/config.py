@@ -57,6 +57,12 @@ _FIELDS: dict[str, _Field] = {
                            "(kiln.runtime.binaries) instead of through triton.compile"),
     "warm_start": _Field(True, bool, "KILN_WARM_START",
                          "the kiln backend reuses compiled inference graphs from the disk cache"),
+    # Off by default: with contraction, `x * 3 - mean` became one FMA whose exact product
+    # kept the rounding error the stored mean had lost, and LayerNorm(1) multiplied it by
+    # rsqrt(eps) ~ 316 (5e-5 where eager gives 0; kiln.codegen.kernel.KernelSpec).
+    "fp_fusion": _Field(False, bool, "KILN_FP_FUSION",
+                        "let Triton contract a * b + c into FMAs in generated kernels (faster, "
+                        "but rounds differently from eager, which rounds each op)"),
 }
 
 

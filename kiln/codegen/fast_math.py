@@ -24,8 +24,10 @@ Q = (1.0, 0.5054148913, 0.11566592, 0.01529216863, 0.001202488585, 3.801038078e-
 
 
 def _horner(coefs: tuple[float, ...], out: str) -> list[str]:
-    lines = [f"    {out} = {coefs[-1]!r} * s + {coefs[-2]!r}"]
-    lines += [f"    {out} = {out} * s + {c!r}" for c in reversed(coefs[:-2])]
+    """Horner steps as explicit FMAs: kernels compile without FP contraction (`enable_fp_fusion`
+    off, `KernelSpec.compile_options`), and `tl.fma` keeps each step one instruction."""
+    lines = [f"    {out} = tl.fma(s, {coefs[-1]!r}, {coefs[-2]!r})"]
+    lines += [f"    {out} = tl.fma({out}, s, {c!r})" for c in reversed(coefs[:-2])]
     return lines
 
 

@@ -64,6 +64,13 @@ else:
     def _check_index(ok):
         tl.device_assert(ok, "kiln: index out of bounds")
 
+if os.environ.get("TRITON_INTERPRET") == "1":  # the interpreter truncates float -> bf16
+    from kiln.codegen._interp_libdevice import to_bf16 as _to_bf16
+else:
+    @triton.jit
+    def _to_bf16(x):
+        return x.to(tl.bfloat16)
+
 ''' + PRELUDE_HELPERS + FAST_MATH_HELPERS
 
 _PREFIX = {"pointwise": "kiln_poi", "pointwise_2d": "kiln_tile", "persistent_reduction": "kiln_per",
@@ -124,25 +131,37 @@ class KernelSpec:
                 **self.compile_options()}
 
     def compile_options(self) -> dict[str, bool]:
-        """Triton compile options beyond warps and stages: debug mode keeps the bounds
-        checks' device asserts; its integer-overflow sanitizer stays off (eager wraps)."""
-        if not self.index_checks:
-            return {}
-        options = {"debug": True}
-        if _has_overflow_sanitizer():
-            options["sanitize_overflow"] = False
+        """Triton compile options beyond warps and stages (every launch route passes them, and
+        they are part of the binary cache key, `kiln.runtime.binaries.binary_key`):
+
+        - `enable_fp_fusion=False` unless `config.fp_fusion`: no FMA contraction. Eager rounds
+          every op's result; a contracted `x * 3 - mean` does not round the product, so
+          LayerNorm(1) of `x * 3` returned the product's rounding error times rsqrt(eps) ~ 316
+          (5e-5) where eager returns 0 (H200 fuzz, seed 670). Explicit `tl.fma` stays fused.
+        - debug mode keeps the bounds checks' device asserts; its integer-overflow sanitizer
+          stays off (eager wraps).
+        """
+        from kiln.config import config
+
+        options: dict[str, bool] = {}
+        if not config.fp_fusion and _cuda_option("enable_fp_fusion"):
+            options["enable_fp_fusion"] = False
+        if self.index_checks:
+            options["debug"] = True
+            if _cuda_option("sanitize_overflow"):
+                options["sanitize_overflow"] = False
         return options
 
 
-@functools.lru_cache(maxsize=1)
-def _has_overflow_sanitizer() -> bool:
-    """Whether this Triton's CUDA options know `sanitize_overflow` (an unknown keyword is a
-    KeyError at launch)."""
+@functools.lru_cache(maxsize=None)
+def _cuda_option(name: str) -> bool:
+    """Whether this Triton's CUDA options know `name` (an unknown keyword is a KeyError at
+    launch). Triton 3.6 and 3.9 know both `enable_fp_fusion` and `sanitize_overflow`."""
     try:
         from triton.backends.nvidia.compiler import CUDAOptions
     except ImportError:
         return False
-    return "sanitize_overflow" in getattr(CUDAOptions, "__dataclass_fields__", {})
+    return name in getattr(CUDAOptions, "__dataclass_fields__", {})
 
 
 # -- naming and header -------------------------------------------------------------------------

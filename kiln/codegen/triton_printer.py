@@ -84,6 +84,10 @@ _UNARY = {
     "square": "{0} * {0}",
 }
 _FAST_ERF_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # float64 keeps libdevice
+# Correctly rounded float32 forms of ops whose plain Triton spelling is approximate on CUDA: `/`
+# is div.full.f32 (up to 2 ulp) and tl.sqrt sqrt.approx.f32, where eager's kernels divide and take
+# square roots with IEEE rounding (a mean of equal values must give the value back exactly).
+_IEEE_F32 = {"sqrt": "tl.math.sqrt_rn({0})", "reciprocal": "tl.math.div_rn({1}, {0})"}
 _BOOL_RESULT = {"logical_not", "isnan", "isinf", "eq", "ne", "lt", "le", "gt", "ge",
                 "logical_and", "logical_or", "logical_xor"}
 
@@ -230,10 +234,17 @@ class TritonPrinter(OpsHandler):
         if self.eviction and self._axes(index)[1]:
             extra = f", eviction_policy='{self.eviction}'"
         if mask is None:
-            return self._emit(f"tl.load({ptr} + ({self.index(index)}){extra})", dtype)
-        other = "False" if dtype == torch.bool else "0"
-        return self._emit(f"tl.load({ptr} + ({self.index(index)}), {mask}, other={other}{extra})",
-                          dtype)
+            text = f"tl.load({ptr} + ({self.index(index)}){extra})"
+        else:
+            other = "False" if dtype == torch.bool else "0"
+            text = f"tl.load({ptr} + ({self.index(index)}), {mask}, other={other}{extra})"
+        if mask is None and not any(self._axes(index)):
+            # A constant index (one element: x[1::3] of a 2-element x, a size-1 weight) loads a
+            # scalar where the body works on blocks. Compiled Triton broadcasts a scalar operand,
+            # the interpreter does not always (`|` of a block and a scalar comparison raised,
+            # fuzz seed 5083): make it a block, `[1]` / `[1, 1]` as constants are.
+            text = f"tl.broadcast_to({text}, {self._one})"
+        return self._emit(text, dtype)
 
     def store(self, name: str, index: Expr, value: TV) -> None:
         if self.on_store is not None and not self.on_store(name, index, value):
@@ -283,7 +294,7 @@ class TritonPrinter(OpsHandler):
         ALU-bound. 16-bit values are computed in float32 and rounded back."""
         if dtype == torch.float32:
             return self._emit(f"_erf_f32({a})", dtype)
-        return self._emit(f"_erf_f32({a}.to(tl.float32)).to({triton_dtype(dtype)})", dtype)
+        return self.to_dtype(self._emit(f"_erf_f32({a}.to(tl.float32))", torch.float32), dtype)
 
     def index_expr(self, expr: Expr, dtype: torch.dtype) -> TV:
         if expr.is_constant:
@@ -320,13 +331,32 @@ class TritonPrinter(OpsHandler):
             return x
         if dtype == torch.bool:
             return self._emit(f"{x} != 0", dtype)
-        if dtype in (torch.bfloat16, torch.float16) and x.dtype is not None \
-                and not x.dtype.is_floating_point:
-            # Integers reach half types through float32, as torch's own conversion does (it
-            # has no direct int -> bf16 path); Triton's interpreter also reinterprets the bits
-            # of a direct int -> bf16 cast.
-            return self._emit(f"{x}.to(tl.float32).to({triton_dtype(dtype)})", dtype)
-        return self._emit(f"{x}.to({triton_dtype(dtype)})", dtype)
+        if dtype not in (torch.bfloat16, torch.float16):
+            return self._emit(f"{x}.to({triton_dtype(dtype)})", dtype)
+        src = x.name
+        if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            # Integers and doubles reach half types through float32, as torch converts (c10's
+            # Half and BFloat16 are built from a float; there is no direct int -> bf16 path).
+            # Triton's interpreter also reinterprets the bits of a direct int -> bf16 cast.
+            src = f"{x}.to(tl.float32)"
+        if dtype == torch.bfloat16:
+            # Rounds to nearest even (`_to_bf16` in the prelude: the interpreter truncates).
+            # An explicit cast the program wrote rounds here even when the value goes back to
+            # float32 (lower_to_copy emits the round trip; fuzz finding 7).
+            return self._emit(f"_to_bf16({src})", dtype)
+        return self._emit(f"{src}.to(tl.float16)", dtype)
+
+    @staticmethod
+    def _true_div(a: TV, b: TV) -> str:
+        """Floating `a / b`: IEEE-rounded `div_rn` in float32 (see `_IEEE_F32`), where integer
+        operands are converted first (true division of integers gives float32); `/` in the
+        other float dtypes (float64 division is div.rn already; half types compute in float32)
+        and for operands of unknown dtype (a float64 must not be cast down)."""
+        dtype = _promote(a.dtype, b.dtype)
+        if None in (a.dtype, b.dtype) or (dtype.is_floating_point and dtype != torch.float32):
+            return f"{a} / {b}"
+        x, y = (v.name if v.dtype == torch.float32 else f"{v}.to(tl.float32)" for v in (a, b))
+        return f"tl.math.div_rn({x}, {y})"
 
     def where(self, cond: TV, a: TV, b: TV) -> TV:
         return self._emit(f"tl.where({cond}, {a}, {b})", _promote(a.dtype, b.dtype))
@@ -352,6 +382,9 @@ class TritonPrinter(OpsHandler):
         floating = dtype is not None and dtype.is_floating_point
         if name == "erf" and dtype in _FAST_ERF_DTYPES:
             return self._fast_erf(args[0], dtype)
+        if dtype == torch.float32 and name in _IEEE_F32:
+            one = self.constant(1.0, dtype) if name == "reciprocal" else None
+            return self._emit(_IEEE_F32[name].format(args[0], one), dtype)
         if name in _UNARY:
             (a,) = args
             return self._emit(_UNARY[name].format(a), torch.bool if name in _BOOL_RESULT
@@ -372,7 +405,7 @@ class TritonPrinter(OpsHandler):
         if name in simple:
             return self._emit(f"{a} {simple[name]} {b}", dtype)
         if name == "truediv":
-            return self._emit(f"{a} / {b}", dtype if floating else torch.float32)
+            return self._emit(self._true_div(a, b), dtype if floating else torch.float32)
         if name in ("logical_and", "logical_or", "logical_xor"):
             op = {"logical_and": "&", "logical_or": "|", "logical_xor": "^"}[name]
             return self._emit(f"({a} != 0) {op} ({b} != 0)", torch.bool)
@@ -388,12 +421,13 @@ class TritonPrinter(OpsHandler):
         if name == "atan2":
             return self._emit(f"libdevice.atan2({a}, {b})", dtype)
         if name == "truncdiv":
-            return self._emit(f"libdevice.trunc({a} / {b})" if floating else f"{a} // {b}", dtype)
+            text = f"libdevice.trunc({self._true_div(a, b)})" if floating else f"{a} // {b}"
+            return self._emit(text, dtype)
         if name == "fmod":
             return self._emit(f"libdevice.fmod({a}, {b})" if floating else f"{a} % {b}", dtype)
         if name == "floordiv":
             if floating:
-                return self._emit(f"tl.floor({a} / {b})", dtype)
+                return self._emit(f"tl.floor({self._true_div(a, b)})", dtype)
             q = self._emit(f"{a} // {b}", dtype)
             fix = f"(({a} % {b} != 0) & (({a} < 0) != ({b} < 0))).to({triton_dtype(dtype)})"
             return self._emit(f"{q} - {fix}", dtype)

@@ -34,7 +34,10 @@ _PLAIN = (bool, int, float, str, type(None))
 
 
 def binary_key(launcher: Any, dtypes: Sequence[torch.dtype]) -> str:
-    """What the binary of `launcher` compiled for pointer arguments of `dtypes` depends on."""
+    """What the binary of `launcher` compiled for pointer arguments of `dtypes` depends on.
+    `launcher.options` holds the compile options too (`KernelSpec.compile_options`:
+    `enable_fp_fusion`, `debug`), so a binary built with FMA contraction never serves a launcher
+    without it."""
     capability = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
     return cache_key("kiln-binary", launcher.spec.source, [str(d) for d in dtypes],
                      sorted(launcher.meta.items()), sorted(launcher.options.items()),

@@ -73,7 +73,8 @@ class Launcher:
     """A kernel ready to launch: `launcher(*tensors, stream=None)`.
 
     spec: the KernelSpec; fn: its `triton.jit` function; grid: the program counts (3-tuple);
-    meta: constexpr values; options: num_warps (and num_stages); kernel: the CompiledKernel once
+    meta: constexpr values; options: num_warps, num_stages and the spec's compile options
+    (`enable_fp_fusion`, `debug`: every route passes them); kernel: the CompiledKernel once
     compiled (None under the interpreter); fast: whether launches take the bound route;
     source: the generated launch function's text (empty until bound)."""
 

@@ -9,8 +9,11 @@ fuzz_findings/fixed/).
 """
 from __future__ import annotations
 
+import argparse
 import ast
 import glob
+import json
+import logging
 import os
 import time
 
@@ -18,8 +21,9 @@ import pytest
 import torch
 
 from kiln.config import config
+from kiln.tools.fuzz import cli, oracle
 from kiln.tools.fuzz.gen import generate_program
-from kiln.tools.fuzz.oracle import check_source, load_program
+from kiln.tools.fuzz.oracle import Verdict, check_source, load_program
 from kiln.tools.fuzz.pool import WorkerPool
 from kiln.tools.fuzz.shrink import shrink_source
 
@@ -91,6 +95,75 @@ def test_oracle_reports_wrong_values_aliasing_and_mutations():
                                                                    "mismatch:mutation")
     raising = _RETURNS_INPUT.replace("x0.mul_(2)", "x0[7] = 1")
     assert check_source(raising, "eager").ok  # both raise IndexError: same behaviour
+
+
+_MUTATES_IN_HALF = """import torch
+from kiln.tools.fuzz.inputs import make_tensor
+def make_inputs(device):
+    g = torch.Generator().manual_seed(4322)
+    return [make_tensor((2, 3), 'float16', 'contiguous', g, device),
+            make_tensor((2, 3), 'float32', 'contiguous', g, device)]
+def make_globals(device):
+    return None
+def fn(x0, x1):
+    x1.copy_(x0 * 1.5)
+    return (x0 + 1,)
+"""
+
+
+def test_oracle_forgives_a_mutation_only_when_kiln_is_as_close_as_eager_to_fp64():
+    """GPU seed 4322: eager rounds the fp16 product before copying it into a float32 input,
+    kiln (fused, float32) does not. The mutated input is judged like an output: against the
+    fp64 run's input after its call."""
+    module = load_program(_MUTATES_IN_HALF)
+    x0, x1 = module.make_inputs("cpu")
+    module.fn(x0, x1)
+    eager, exact = x1.double(), x0.double() * 1.5
+    assert (eager - exact).abs().max() > 1e-4  # fp16 rounding: a float32 mismatch
+    near = oracle._near_reference
+    assert near(_MUTATES_IN_HALF, "cpu", ("input", 1), eager, exact, 1e-5)
+    worse = eager + 3 * (eager - exact) + 1e-3
+    assert not near(_MUTATES_IN_HALF, "cpu", ("input", 1), eager, worse, 1e-5)
+    assert not near(_MUTATES_IN_HALF, "cpu", ("input", 0), x0.double(), x0.double() + 1e-2,
+                    1e-3)  # an input the program does not write: eager is exact
+
+
+def _warns_at_length(gm, example_inputs):
+    """A backend that falls back with a long, multi-line warning (a GPU compile failure)."""
+    try:
+        raise ValueError("ptxas failed: the deep cause")
+    except ValueError:
+        logging.getLogger("kiln.fake").warning("kiln: compiling kernel k failed; running eagerly "
+                                               + "x" * 300, exc_info=True)
+    return gm.forward
+
+
+def test_oracle_keeps_the_whole_first_warning():
+    verdict = check_source(_RETURNS_INPUT, _warns_at_length)
+    assert verdict.ok and verdict.fallbacks >= 1
+    assert "x" * 300 in verdict.detail and "ValueError: ptxas failed: the deep cause" in \
+        verdict.detail
+
+
+def test_campaign_summary_keeps_each_warning_class_first_seed_and_whole_message(tmp_path,
+                                                                                 capsys):
+    message = "kiln: compiling kernel k_1 failed: " + "y" * 300 + "\nTraceback: the cause"
+
+    class Pool:  # seeds 12 and 13 pass with a kiln warning
+        def check_all(self, jobs, deadline=None):
+            for seed, _ in jobs:
+                warned = seed >= 12
+                yield seed, Verdict("", message if warned else "", fallbacks=int(warned))
+
+    args = argparse.Namespace(seed=10, count=4, backend="kiln", device="cpu",
+                              cpu_codegen="eager", workers=1, out=str(tmp_path),
+                              time_budget=None, shrink_budget=0, shrink_time=1.0)
+    assert cli._campaign(Pool(), args, "tiny") == 0
+    with open(tmp_path / "summary.json") as handle:
+        (entry,) = json.load(handle)["warnings"].values()
+    assert entry == {"count": 2, "first_seed": 12, "first_message": message}
+    out = capsys.readouterr().out
+    assert "(first: seed 12)" in out and "y" * 300 in out and "Traceback: the cause" in out
 
 
 def test_shrinker_reduces_a_planted_failure_to_the_failing_statement():

@@ -29,8 +29,11 @@ def class_key(verdict: Verdict) -> str:
 
 
 def warning_key(verdict: Verdict) -> str:
-    """The first kiln warning of a passing program, blurred like exception messages."""
-    return _blur(verdict.detail)[:120] if verdict.fallbacks else ""
+    """The first line of the first kiln warning of a passing program, blurred like exception
+    messages and cut short (the campaign keeps the whole text of its first occurrence)."""
+    if not verdict.fallbacks:
+        return ""
+    return _blur((verdict.detail.splitlines() or [""])[0])[:120]
 
 
 def _blur(message: str) -> str:

@@ -69,19 +69,25 @@ def fuzz_command(args: argparse.Namespace) -> int:
 
 
 class _Tally:
-    """Failures of a campaign by class: counts and the first (seed, verdict) of each."""
+    """Failures of a campaign by class: counts and the first (seed, verdict) of each; kiln
+    warnings of passing programs (eager fallbacks) by class: counts and the first seed with
+    the whole text of its first warning (a compile failure seen only on the GPU is rerun and
+    diagnosed from these)."""
 
     def __init__(self) -> None:
         self.counts: collections.Counter = collections.Counter()
         self.first: dict[str, tuple[int, Verdict]] = {}
         self.warnings: collections.Counter = collections.Counter()
+        self.first_warning: dict[str, tuple[int, str]] = {}
         self.ran = self.fallbacks = 0
 
     def add(self, seed: int, verdict: Verdict) -> None:
         self.ran += 1
         self.fallbacks += verdict.fallbacks > 0
         if verdict.ok and verdict.fallbacks:
-            self.warnings[warning_key(verdict)] += 1
+            key = warning_key(verdict)
+            self.warnings[key] += 1
+            self.first_warning.setdefault(key, (seed, verdict.detail))
         if not verdict.ok:
             key = class_key(verdict)
             self.counts[key] += 1
@@ -113,7 +119,9 @@ def _campaign(pool: WorkerPool, args: argparse.Namespace, size: str) -> int:
     for key, n in tally.counts.most_common():
         _say(f"  {n:5d}  {key}  (first: seed {tally.first[key][0]})")
     for key, n in tally.warnings.most_common():
-        _say(f"  {n:5d}  passed with a kiln warning: {key}")
+        seed, message = tally.first_warning[key]
+        _say(f"  {n:5d}  passed with a kiln warning: {key}  (first: seed {seed})")
+        _say("".join(f"           | {line}\n" for line in message.splitlines()).rstrip("\n"))
     if args.out:
         _report(pool, args, size, tally, tags, elapsed)
     return 1 if failed else 0
@@ -138,7 +146,9 @@ def _report(pool: WorkerPool, args: argparse.Namespace, size: str, tally: _Tally
         json.dump({"backend": args.backend, "device": args.device, "size": size,
                    "cpu_codegen": args.cpu_codegen, "seed": args.seed, "ran": tally.ran,
                    "seconds": round(elapsed), "fallbacks": tally.fallbacks,
-                   "warnings": dict(tally.warnings.most_common()),
+                   "warnings": {key: {"count": n, "first_seed": tally.first_warning[key][0],
+                                      "first_message": tally.first_warning[key][1]}
+                                for key, n in tally.warnings.most_common()},
                    "failures": list(entries.values())}, handle, indent=1)
 
 
