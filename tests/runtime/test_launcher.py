@@ -64,7 +64,8 @@ def test_launcher_takes_any_view_of_the_buffers():
     lc(x.t(), out[1:])  # views of the same storages: the kernel addresses storages
     torch.testing.assert_close(out, x.exp() * 2)
     assert lc.grid == (1, 1, 1) and lc.meta == spec.meta_dict
-    assert lc.options == {"num_warps": spec.num_warps, "num_stages": spec.num_stages}
+    assert lc.options == {"num_warps": spec.num_warps, "num_stages": spec.num_stages,
+                          **spec.compile_options()}
     with pytest.raises(TypeError, match=r"takes 2 tensors \('x_1', 'buf0'\), got 1"):
         lc(x)
 
@@ -101,7 +102,7 @@ def test_num_stages_passed_from_the_spec():
     x = torch.randn(16, device=DEVICE)
     _, (spec,) = _lowered(lambda x: x + 1, x.cpu())
     (lc,) = build_launchers([dataclasses.replace(spec, num_stages=3)])
-    assert lc.options == {"num_warps": spec.num_warps, "num_stages": 3}
+    assert lc.options == {"num_warps": spec.num_warps, "num_stages": 3, **spec.compile_options()}
     out = torch.empty(16, device=DEVICE)
     lc(x, out)
     torch.testing.assert_close(out, x + 1)
