@@ -19,7 +19,7 @@ from kiln.config import config
 from kiln.tools.report.artifacts import read_debug_dir
 from kiln.tools.report.ceilings import machine_ceilings
 from kiln.tools.report.data import ReportData, save_run_json
-from kiln.tools.report.profile import kernel_times
+from kiln.tools.report.profile import Profiled, kernel_times, profile_calls
 
 __all__ = ["collect_report"]
 
@@ -96,6 +96,19 @@ def _fill_records(data: ReportData, recorder: records.Recorder) -> None:
                      if g.graph is not None]
 
 
+def _fill_kernel_times(data: ReportData, profiled: Profiled) -> None:
+    """Per-step times from kiln's profile, or a note on why there are none."""
+    if data.kernels:
+        data.kernel_times, data.timing_note = kernel_times(profiled, data.kernels)
+        return
+    data.timing_note = f"no kernel data: backend {data.backend!r} generated no kernels"
+    if data.backend == "kiln" and not data.device.startswith("cuda") and \
+            getattr(config, "cpu_codegen", "") == "eager":
+        data.notes.append("on CPU tensors the kiln backend runs graphs as torch ops, so no "
+                          "kernels were generated; set KILN_CPU_CODEGEN=triton_interpret "
+                          "(and TRITON_INTERPRET=1) to run its Triton kernels interpreted")
+
+
 def collect_report(fn: Callable, args: tuple, *, target: str, backend: str = "eager",
                    mode: str | None = None, device: str = "cpu", debug_dir: str | None = None,
                    calls: int = 3, ceilings: bool = True,
@@ -122,16 +135,8 @@ def collect_report(fn: Callable, args: tuple, *, target: str, backend: str = "ea
         data.steady_call_s = statistics.median(_timed(run, device) for _ in range(max(calls, 1)))
     _fill_records(data, recorder)
     data.graphs, _ = read_debug_dir(debug_dir)
-    steps = data.kernels
-    if steps:
-        data.kernel_times, data.timing_note = kernel_times(run, steps, device, calls)
-    else:
-        data.timing_note = f"no kernel data: backend {backend!r} generated no kernels"
-        if backend == "kiln" and not device.startswith("cuda") and \
-                getattr(config, "cpu_codegen", "") == "eager":
-            data.notes.append("on CPU tensors the kiln backend runs graphs as torch ops, so no "
-                              "kernels were generated; set KILN_CPU_CODEGEN=triton_interpret "
-                              "(and TRITON_INTERPRET=1) to run its Triton kernels interpreted")
+    profiled = profile_calls(run, device, calls)
+    _fill_kernel_times(data, profiled)
     if ceilings:
         data.ceilings = machine_ceilings(device).to_dict()
     save_run_json(data, debug_dir)
