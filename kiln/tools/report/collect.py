@@ -10,7 +10,7 @@ import os
 import statistics
 import tempfile
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -20,6 +20,7 @@ from kiln.tools.report.artifacts import read_debug_dir
 from kiln.tools.report.ceilings import machine_ceilings
 from kiln.tools.report.data import ReportData, save_run_json
 from kiln.tools.report.profile import Profiled, kernel_times, profile_calls
+from kiln.tools.report.variants import VARIANTS, profile_variants
 
 __all__ = ["collect_report"]
 
@@ -112,11 +113,15 @@ def _fill_kernel_times(data: ReportData, profiled: Profiled) -> None:
 def collect_report(fn: Callable, args: tuple, *, target: str, backend: str = "eager",
                    mode: str | None = None, device: str = "cpu", debug_dir: str | None = None,
                    calls: int = 3, ceilings: bool = True,
-                   after: Callable[[Any], Any] | None = None) -> ReportData:
+                   after: Callable[[Any], Any] | None = None,
+                   variants: Sequence[str] = VARIANTS,
+                   torch_backend: Any = "inductor") -> ReportData:
     """Compile `fn` with kiln (backend, mode), call it on `args` with the artifacts written
     under `debug_dir` (a new temporary folder when None), then time it and profile its kernels.
     `after(output)` is part of every timed call (e.g. a loss and its backward for a training
-    step). Saves report.json in the debug dir so `--from-debug-dir` rebuilds the same report."""
+    step). `variants` (of eager, torch.compile, kiln) are profiled side by side, torch.compile
+    with `torch_backend`; none skips that section. Saves report.json in the debug dir so
+    `--from-debug-dir` rebuilds the same report."""
     from kiln import api
     from kiln.backends import lookup_backend
     debug_dir = debug_dir or tempfile.mkdtemp(prefix="kiln-report-")
@@ -137,6 +142,10 @@ def collect_report(fn: Callable, args: tuple, *, target: str, backend: str = "ea
     data.graphs, _ = read_debug_dir(debug_dir)
     profiled = profile_calls(run, device, calls)
     _fill_kernel_times(data, profiled)
+    data.profile = profile_variants(
+        fn, args, kiln=profiled, steps=data.kernels, device=device, mode=mode, calls=calls,
+        after=after, variants=variants, torch_backend=torch_backend, backend=backend,
+    ) if variants else {"skipped": "the side-by-side profile was turned off (--no-profile)"}
     if ceilings:
         data.ceilings = machine_ceilings(device).to_dict()
     save_run_json(data, debug_dir)
