@@ -1,8 +1,8 @@
 """`render_html(data) -> str`: the report as one self-contained HTML page.
 
 No external resources: inline CSS, inline SVG, no scripts. Sections have stable ids — summary,
-bench, graph-breaks, recompiles, fusion, kernels, roofline, compile-time — and each says in words
-why it is empty when it is; the HTML pieces they share are in `markup.py`.
+bench, profile (`render_profile.py`), graph-breaks, recompiles, fusion, kernels, roofline,
+compile-time — and each says in words why it is empty when it is.
 """
 from __future__ import annotations
 
@@ -14,12 +14,13 @@ from kiln.tools.report.data import ReportData
 from kiln.tools.report.markup import empty, locations, num, section, table
 from kiln.tools.report.markup import escape as _e
 from kiln.tools.report.metrics import KernelRow, kernel_rows
+from kiln.tools.report.render_profile import profile_section
 from kiln.tools.report.svg import compile_time_bars, roofline
 
 __all__ = ["SECTION_IDS", "render_html"]
 
-SECTION_IDS = ("summary", "bench", "graph-breaks", "recompiles", "fusion", "kernels", "roofline",
-               "compile-time")
+SECTION_IDS = ("summary", "bench", "profile", "graph-breaks", "recompiles", "fusion", "kernels",
+               "roofline", "compile-time")
 
 _CSS = """
 body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:0;color:#1a202c;
@@ -52,6 +53,9 @@ pre{background:#f7fafc;border:1px solid #e2e8f0;padding:8px;overflow:auto;max-he
 .bar{display:inline-block;height:10px;background:#3182ce;vertical-align:middle}
 .scroll{overflow-x:auto}
 td{overflow-wrap:anywhere}
+.cols{display:flex;flex-wrap:wrap;gap:12px}
+.cols>div{flex:1 1 340px;min-width:0}
+.cols>div.wide{flex:1.6 1 460px}
 """
 
 
@@ -269,8 +273,9 @@ def _compile_time(data: ReportData) -> str:
 def render_html(data: ReportData) -> str:
     rows = kernel_rows(data.kernels, data.kernel_times, data.ceilings_obj)
     nav = "".join(f'<a href="#{sid}">{sid.replace("-", " ")}</a>' for sid in SECTION_IDS)
-    sections = [_summary(data, rows), _bench(data), _breaks(data), _recompiles(data), _fusion(data),
-                _kernels(data, rows), _roofline(data, rows), _compile_time(data)]
+    sections = [_summary(data, rows), _bench(data), profile_section(data.profile, data.live),
+                _breaks(data), _recompiles(data), _fusion(data), _kernels(data, rows),
+                _roofline(data, rows), _compile_time(data)]
     title = f"kiln report: {data.target}"
     return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>"
