@@ -121,7 +121,10 @@ def test_profile_section_sets_eager_and_kiln_side_by_side(tmp_path, device):
     kiln_rows = variants["kiln"]["kernels"]
     mapped = [r for r in kiln_rows if r.get("steps")]
     assert mapped and all(set(r["steps"]) <= {k["name"] for k in data.kernels} for r in mapped)
-    assert any("extern:addmm" in (r.get("kinds") or ()) for r in mapped), kiln_rows
+    assert any(k.startswith("extern:") for r in mapped for k in r.get("kinds") or ()), kiln_rows
+    if device.type == "cuda":  # compiled Triton kernels keep kiln's names: mapped by name
+        assert any(r["category"] == GENERATED and r.get("steps") == [r["name"]]
+                   and r.get("user_locations") for r in kiln_rows), kiln_rows
     assert "kiln group / user lines" in page.tables[-1][0]
     # report.json carries the section: --from-debug-dir rebuilds the same numbers
     again = _profile_html(from_debug_dir(str(tmp_path / "debug")))
