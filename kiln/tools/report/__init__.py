@@ -3,10 +3,10 @@
 Input: a target run live (`collect_report(fn, args, ...)`) or an existing `KILN_DEBUG_DIR`
 (`from_debug_dir(path)`). Output: `render_html(data)` with the sections summary, bench (the
 `kiln bench --report` table), profile (eager, torch.compile and kiln side by side under
-torch.profiler: time by category, the biggest gaps, top kernels), graph-breaks (ranked by cost, with source lines and hints),
-recompiles, fusion (ATen ops per kernel, and the neighbours not fused with the reason), kernels
-(time, bytes, GB/s, FLOP/s, % of the measured copy-bandwidth and matmul ceilings), roofline
-(inline SVG) and compile-time.
+torch.profiler: time by category, the biggest gaps, top kernels), graph-breaks (ranked by cost,
+with source lines and hints), recompiles, fusion (ATen ops per kernel, and the neighbours not
+fused with the reason), kernels (time, bytes, GB/s, FLOP/s, % of the measured copy-bandwidth and
+matmul ceilings), roofline (inline SVG) and compile-time.
 
 Files: `artifacts.py` reads a debug dir, `collect.py` runs a target, `profile.py` profiles calls
 and times kernels, `variants.py` profiles eager and torch.compile beside kiln, `timeline.py`
