@@ -306,15 +306,18 @@ def bench_command(args: argparse.Namespace, echo: Callable[[str], None] = print)
 def write_bench_report(config: BenchConfig, out_dir: str, rows: list[dict] | None = None) -> str:
     """The HTML report of the run's first model (`python -m kiln report suite:<model>`, same
     backend, mode, device and size; training configs are reported in inference) as
-    `<out_dir>/report.html`, with its debug dir beside it; returns the path."""
+    `<out_dir>/report.html`, with its debug dir beside it; returns the path. Its profile
+    section has torch.compile when the bench compared against it (`--compare torch`)."""
     import shutil
 
     from kiln.tools.report.cli import report_for_target, write_report
+    from kiln.tools.report.variants import VARIANTS
     backend = config.backend if isinstance(config.backend, str) else "eager"
     debug_dir = os.path.join(out_dir, "report_debug")
     shutil.rmtree(debug_dir, ignore_errors=True)  # ours: only this run's graphs
     data = report_for_target(f"suite:{config.models[0]}", backend=backend, mode=config.mode,
-                             device=config.device, size=config.size, debug_dir=debug_dir)
+                             device=config.device, size=config.size, debug_dir=debug_dir,
+                             variants=tuple(v for v in VARIANTS if v in config.variants))
     if rows:
         data.bench_table = format_table(rows) + "\n" + legend(
             any(r.get("mem_ratio") is not None for r in rows)) + "\n" + summary_line(rows)

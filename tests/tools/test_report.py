@@ -15,6 +15,8 @@ import pytest
 from kiln.tools.report import SECTION_IDS, from_debug_dir, render_html
 from kiln.tools.report.cli import write_report
 from kiln.tools.report.metrics import kernel_rows
+from kiln.tools.report.timeline import COPY, GENERATED, MATMUL, NATIVE
+from kiln.tools.report.variants import category_gaps, map_kiln_kernels
 
 KERNEL_SOURCE = "@triton.jit\ndef {name}(in_ptr0, out_ptr0, XBLOCK: tl.constexpr):\n    pass\n"
 
@@ -81,9 +83,39 @@ def make_debug_dir(root: str, seed: int = 0) -> dict:
            "kernel_times": times, "timing_note": "times from the fixture",
            "ceilings": {"device": "cuda:fixture", "bandwidth": 3.0e12, "flops": 7.0e14,
                         "matmul_dtype": "bfloat16"},
-           "first_call_s": 1.5, "steady_call_s": 0.001, "notes": []}
+           "first_call_s": 1.5, "steady_call_s": 0.001, "notes": [],
+           "profile": _profile(steps, times)}
     _write(os.path.join(root, "report.json"), run)
     return {"steps": steps, "times": times, "timings": timings, "run": run}
+
+
+def _variant(name: str, kernels: list[tuple[str, str, float]]) -> dict:
+    """A profiled variant as report.json stores it: rows (name, category, µs per call)."""
+    rows = [{"name": n, "calls": 1.0, "us": us, "category": c, "op": None}
+            for n, c, us in sorted(kernels, key=lambda k: -k[2])]
+    categories = {MATMUL: 0.0, GENERATED: 0.0, NATIVE: 0.0, COPY: 0.0}
+    for r in rows:
+        categories[r["category"]] += r["us"]
+    total = sum(categories.values())
+    return {"name": name, "note": "", "total_us": total, "wall_us": 1.3 * total,
+            "kernels_per_call": float(len(rows)), "kernels": rows, "categories": categories}
+
+
+def _profile(steps: list[dict], times: dict[str, float]) -> dict:
+    """eager, torch.compile and kiln on CUDA: kiln's rows are its fixture steps, mapped."""
+    kiln = _variant("kiln", [(s["name"], MATMUL if s["source"] is None else GENERATED,
+                              times[s["name"]] * 1e6) for s in steps])
+    map_kiln_kernels(kiln["kernels"], steps)
+    eager = _variant("eager", [("ampere_sgemm_64x64_nn", MATMUL, 30.0),
+                               ("void at::native::vectorized_elementwise_kernel<4>", NATIVE, 9.0),
+                               ("void at::native::reduce_kernel<512, 1>", NATIVE, 7.0)])
+    compiled = _variant("torch.compile", [("ampere_sgemm_64x64_nn", MATMUL, 30.0),
+                                          ("triton_poi_fused_add_relu_0", GENERATED, 3.0),
+                                          ("triton_per_fused_sum_1", GENERATED, 2.0),
+                                          ("Memcpy DtoD (Device -> Device)", COPY, 1.0)])
+    variants = [eager, compiled, kiln]
+    return {"device": "cuda", "what": "device kernels", "calls": 3, "variants": variants,
+            "gaps": category_gaps(variants)}
 
 
 def _loc(filename: str, lineno: int, source: str) -> dict:
@@ -162,6 +194,12 @@ def test_report_from_fixture_debug_dir_has_every_section(tmp_path):
                   "autotune"):
         assert stage in sections.text["compile-time"]
     assert page.count('class="kernel-dot"') == 2  # the reduction counts 0 FLOPs: not plotted
+    profile = sections.text["profile"]
+    assert "CUDA device kernels from torch.profiler" in profile and "Biggest gaps" in profile
+    assert sections.rows["profile"][0] == ["µs per call", "eager", "torch.compile", "kiln"]
+    kiln_rows = {r[0].split("matmul")[0].split("generated")[0]: r
+                 for r in sections.rows["profile"] if len(r) == 5}
+    assert "model.py:14" in kiln_rows["extern_addmm_1"][4]  # mapped to its step's user line
 
 
 def test_kernel_table_numbers_are_bytes_and_flops_over_time(tmp_path):

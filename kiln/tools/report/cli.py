@@ -1,7 +1,7 @@
 """`python -m kiln report`: the HTML report from the shell (`add_arguments`, `report_command`).
 
   python -m kiln report [TARGET] [-o report.html] [--debug-dir DIR] [--backend NAME]
-                        [--mode MODE] [--device cpu|cuda]
+                        [--mode MODE] [--device cpu|cuda] [--no-torch-compile] [--no-profile]
   python -m kiln report --from-debug-dir DIR [-o report.html]
 
 TARGET is as for `kiln explain` (script.py:make, module:make, suite:NAME; default
@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -22,6 +22,7 @@ __all__ = ["DESCRIPTION", "add_arguments", "report_command", "report_for_target"
 
 DESCRIPTION = """\
 Write one self-contained HTML file (no network, no scripts) about how kiln compiled your code:
+where the time goes next to eager and torch.compile (kernel by kernel, under torch.profiler),
 graph breaks ranked by cost, recompiles and the guards that failed, fusion decisions, each
 generated kernel against the machine's measured ceilings (roofline), and compile time by stage.
 
@@ -58,6 +59,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="TARGET is the function itself, called on random tensors of these "
                         "shapes (e.g. 2x16x64 8)")
     parser.add_argument("--calls", type=int, default=3, help="profiled calls per kernel time")
+    parser.add_argument("--no-torch-compile", action="store_true",
+                        help="leave torch.compile out of the profile section (it compiles the "
+                        "target a second time, with Inductor)")
+    parser.add_argument("--no-profile", action="store_true",
+                        help="skip the profile section (eager, torch.compile and kiln side by "
+                        "side under torch.profiler)")
 
 
 def _to_device(value: Any, device: str) -> Any:
@@ -70,12 +77,15 @@ def _to_device(value: Any, device: str) -> Any:
 
 def report_for_target(target: str, *, backend: str, mode: str | None, device: str,
                       size: str, debug_dir: str | None = None, train: bool = False,
-                      arg_shapes: list[str] | None = None, calls: int = 3) -> Any:
+                      arg_shapes: list[str] | None = None, calls: int = 3,
+                      variants: Sequence[str] | None = None) -> Any:
     """Load TARGET (as `kiln explain` does), move it to `device` and collect its ReportData.
     Suite models run in inference (no_grad), or with `train` a whole training step: forward,
-    the suite's loss and backward."""
+    the suite's loss and backward. `variants` are profiled side by side (default: eager,
+    torch.compile and kiln)."""
     from kiln.tools.explain_cli import load_target
     from kiln.tools.report.collect import collect_report
+    from kiln.tools.report.variants import VARIANTS
     fn, args = load_target(target, arg_shapes, train, size)
     fn, args = _to_device(fn, device), _to_device(tuple(args), device)
     suite = target.startswith("suite:")
@@ -83,7 +93,8 @@ def report_for_target(target: str, *, backend: str, mode: str | None, device: st
     ctx = torch.no_grad() if suite and not train else contextlib.nullcontext()
     with ctx:
         return collect_report(fn, args, target=target, backend=backend, mode=mode,
-                              device=device, debug_dir=debug_dir, calls=calls, after=after)
+                              device=device, debug_dir=debug_dir, calls=calls, after=after,
+                              variants=VARIANTS if variants is None else variants)
 
 
 def _training_step(target: str, size: str, device: str) -> Callable[[Any], Any]:
@@ -105,6 +116,7 @@ def write_report(data: Any, output: str) -> str:
 def report_command(args: argparse.Namespace, echo: Callable[[str], None] = print) -> int:
     from kiln.config import config
     from kiln.tools.report.data import from_debug_dir
+    from kiln.tools.report.render_profile import profile_lines
     if args.from_debug_dir:
         data = from_debug_dir(args.from_debug_dir)
     else:
@@ -116,9 +128,19 @@ def report_command(args: argparse.Namespace, echo: Callable[[str], None] = print
                                  mode=args.mode, device=device,
                                  size=args.size or ("full" if device == "cuda" else "small"),
                                  debug_dir=args.debug_dir, train=args.train,
-                                 arg_shapes=args.arg_shapes, calls=args.calls)
+                                 arg_shapes=args.arg_shapes, calls=args.calls,
+                                 variants=_variants(args))
     path = write_report(data, args.output)
     echo(f"kiln report: {data.graph_count} graph(s), {len(data.breaks)} break(s), "
          f"{len(data.kernels)} kernel(s); artifacts in {data.debug_dir}")
+    for line in profile_lines(data.profile):
+        echo(line)
     echo(f"wrote {path}")
     return 0
+
+
+def _variants(args: argparse.Namespace) -> tuple[str, ...]:
+    from kiln.tools.report.variants import VARIANTS
+    if args.no_profile:
+        return ()
+    return tuple(v for v in VARIANTS if v != "torch.compile" or not args.no_torch_compile)

@@ -10,7 +10,7 @@ import os
 import statistics
 import tempfile
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -19,7 +19,8 @@ from kiln.config import config
 from kiln.tools.report.artifacts import read_debug_dir
 from kiln.tools.report.ceilings import machine_ceilings
 from kiln.tools.report.data import ReportData, save_run_json
-from kiln.tools.report.profile import kernel_times
+from kiln.tools.report.profile import Profiled, kernel_times, profile_calls
+from kiln.tools.report.variants import VARIANTS, profile_variants
 
 __all__ = ["collect_report"]
 
@@ -96,14 +97,31 @@ def _fill_records(data: ReportData, recorder: records.Recorder) -> None:
                      if g.graph is not None]
 
 
+def _fill_kernel_times(data: ReportData, profiled: Profiled) -> None:
+    """Per-step times from kiln's profile, or a note on why there are none."""
+    if data.kernels:
+        data.kernel_times, data.timing_note = kernel_times(profiled, data.kernels)
+        return
+    data.timing_note = f"no kernel data: backend {data.backend!r} generated no kernels"
+    if data.backend == "kiln" and not data.device.startswith("cuda") and \
+            getattr(config, "cpu_codegen", "") == "eager":
+        data.notes.append("on CPU tensors the kiln backend runs graphs as torch ops, so no "
+                          "kernels were generated; set KILN_CPU_CODEGEN=triton_interpret "
+                          "(and TRITON_INTERPRET=1) to run its Triton kernels interpreted")
+
+
 def collect_report(fn: Callable, args: tuple, *, target: str, backend: str = "eager",
                    mode: str | None = None, device: str = "cpu", debug_dir: str | None = None,
                    calls: int = 3, ceilings: bool = True,
-                   after: Callable[[Any], Any] | None = None) -> ReportData:
+                   after: Callable[[Any], Any] | None = None,
+                   variants: Sequence[str] = VARIANTS,
+                   torch_backend: Any = "inductor") -> ReportData:
     """Compile `fn` with kiln (backend, mode), call it on `args` with the artifacts written
     under `debug_dir` (a new temporary folder when None), then time it and profile its kernels.
     `after(output)` is part of every timed call (e.g. a loss and its backward for a training
-    step). Saves report.json in the debug dir so `--from-debug-dir` rebuilds the same report."""
+    step). `variants` (of eager, torch.compile, kiln) are profiled side by side, torch.compile
+    with `torch_backend`; none skips that section. Saves report.json in the debug dir so
+    `--from-debug-dir` rebuilds the same report."""
     from kiln import api
     from kiln.backends import lookup_backend
     debug_dir = debug_dir or tempfile.mkdtemp(prefix="kiln-report-")
@@ -122,16 +140,12 @@ def collect_report(fn: Callable, args: tuple, *, target: str, backend: str = "ea
         data.steady_call_s = statistics.median(_timed(run, device) for _ in range(max(calls, 1)))
     _fill_records(data, recorder)
     data.graphs, _ = read_debug_dir(debug_dir)
-    steps = data.kernels
-    if steps:
-        data.kernel_times, data.timing_note = kernel_times(run, steps, device, calls)
-    else:
-        data.timing_note = f"no kernel data: backend {backend!r} generated no kernels"
-        if backend == "kiln" and not device.startswith("cuda") and \
-                getattr(config, "cpu_codegen", "") == "eager":
-            data.notes.append("on CPU tensors the kiln backend runs graphs as torch ops, so no "
-                              "kernels were generated; set KILN_CPU_CODEGEN=triton_interpret "
-                              "(and TRITON_INTERPRET=1) to run its Triton kernels interpreted")
+    profiled = profile_calls(run, device, calls)
+    _fill_kernel_times(data, profiled)
+    data.profile = profile_variants(
+        fn, args, kiln=profiled, steps=data.kernels, device=device, mode=mode, calls=calls,
+        after=after, variants=variants, torch_backend=torch_backend, backend=backend,
+    ) if variants else {"skipped": "the side-by-side profile was turned off (--no-profile)"}
     if ceilings:
         data.ceilings = machine_ceilings(device).to_dict()
     save_run_json(data, debug_dir)

@@ -21,7 +21,7 @@ __all__ = ["ReportData", "from_debug_dir", "save_run_json"]
 
 _RUN_FIELDS = ("target", "device", "backend", "mode", "breaks", "recompiles", "captures",
                "kernel_times", "timing_note", "ceilings", "first_call_s", "steady_call_s",
-               "notes", "torch_version", "kiln_version")
+               "notes", "torch_version", "kiln_version", "profile")
 
 
 @dataclasses.dataclass
@@ -32,7 +32,9 @@ class ReportData:
     kernel_times: seconds per call by kernel name; timing_note: how they were attributed;
     ceilings: `Ceilings` as a dict (None when not measured); first/steady call seconds; notes:
     anything the reader should know about missing data; bench_table: `kiln bench`'s screen table
-    when the report comes from `kiln bench --report` ("" otherwise)."""
+    when the report comes from `kiln bench --report` ("" otherwise); profile: eager,
+    torch.compile and kiln side by side under torch.profiler (`variants.profile_variants`), or
+    {"skipped": why}; None when not recorded."""
     target: str = "?"
     device: str = "?"
     backend: str = "?"
@@ -52,6 +54,7 @@ class ReportData:
     debug_dir: str = ""
     live: bool = True
     bench_table: str = ""
+    profile: dict | None = None
 
     @property
     def ceilings_obj(self) -> Ceilings | None:

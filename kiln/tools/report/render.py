@@ -1,24 +1,26 @@
 """`render_html(data) -> str`: the report as one self-contained HTML page.
 
 No external resources: inline CSS, inline SVG, no scripts. Sections have stable ids — summary,
-graph-breaks, recompiles, fusion, kernels, roofline, compile-time — and each says in words why it
-is empty when it is.
+bench, profile (`render_profile.py`), graph-breaks, recompiles, fusion, kernels, roofline,
+compile-time — and each says in words why it is empty when it is.
 """
 from __future__ import annotations
 
-import html
 import os
 
 from kiln.diagnostics import user_terms
 from kiln.tools.compile_time import DEFINITION, stage_seconds
 from kiln.tools.report.data import ReportData
+from kiln.tools.report.markup import empty, locations, num, section, table
+from kiln.tools.report.markup import escape as _e
 from kiln.tools.report.metrics import KernelRow, kernel_rows
+from kiln.tools.report.render_profile import profile_section
 from kiln.tools.report.svg import compile_time_bars, roofline
 
 __all__ = ["SECTION_IDS", "render_html"]
 
-SECTION_IDS = ("summary", "bench", "graph-breaks", "recompiles", "fusion", "kernels", "roofline",
-               "compile-time")
+SECTION_IDS = ("summary", "bench", "profile", "graph-breaks", "recompiles", "fusion", "kernels",
+               "roofline", "compile-time")
 
 _CSS = """
 body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:0;color:#1a202c;
@@ -37,6 +39,7 @@ table{border-collapse:collapse;width:100%;font-size:13px}
 th,td{border-bottom:1px solid #edf2f7;padding:5px 8px;text-align:left;vertical-align:top}
 th{background:#ebf8ff;color:#2a4365}
 td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+th.num{text-align:right}
 code,pre{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:12px}
 pre{background:#f7fafc;border:1px solid #e2e8f0;padding:8px;overflow:auto;max-height:360px}
 .cards{display:flex;flex-wrap:wrap;gap:12px}
@@ -50,48 +53,10 @@ pre{background:#f7fafc;border:1px solid #e2e8f0;padding:8px;overflow:auto;max-he
 .bar{display:inline-block;height:10px;background:#3182ce;vertical-align:middle}
 .scroll{overflow-x:auto}
 td{overflow-wrap:anywhere}
+.cols{display:flex;flex-wrap:wrap;gap:12px}
+.cols>div{flex:1 1 340px;min-width:0}
+.cols>div.wide{flex:1.6 1 460px}
 """
-
-
-def _e(value: object) -> str:
-    return html.escape(str(value))
-
-
-def _section(sid: str, title: str, body: str) -> str:
-    return f'<section id="{sid}"><h2>{_e(title)}</h2>{body}</section>'
-
-
-def _empty(text: str) -> str:
-    return f'<p class="empty">{_e(text)}</p>'
-
-
-def _table(headers: list[str], rows: list[list[str]], num_cols: set[int] = frozenset()) -> str:
-    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
-    cell = lambda i, c: f'<td class="num">{c}</td>' if i in num_cols else f"<td>{c}</td>"  # noqa: E731
-    body = "".join("<tr>" + "".join(cell(i, c) for i, c in enumerate(r)) + "</tr>" for r in rows)
-    return (f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody>'
-            "</table></div>")
-
-
-def _short_location(location: str) -> str:
-    """'path/to/file.py:12' shortened for reading: the part after site-packages/ for installed
-    code, the path relative to the working directory for files under it."""
-    path, sep, line = location.rpartition(":")
-    if not sep:
-        return location
-    if "site-packages/" in path:
-        path = path.rsplit("site-packages/", 1)[1]
-    elif os.path.isabs(path) and path.startswith(os.getcwd() + os.sep):
-        path = os.path.relpath(path)
-    return f"{path}:{line}"
-
-
-def _locations(locations) -> str:
-    return _e(", ".join(_short_location(str(x)) for x in locations or ())) or "—"
-
-
-def _num(value: float | None, fmt: str = "{:.3g}", scale: float = 1.0) -> str:
-    return "—" if value is None else _e(fmt.format(value * scale))
 
 
 def _pct(fraction: float | None) -> str:
@@ -119,7 +84,7 @@ def _summary(data: ReportData, rows: list[KernelRow]) -> str:
     notes = "".join(f'<p class="note">{_e(n)}</p>' for n in [DEFINITION + "."] + data.notes)
     where = f'<p class="note">debug dir: <code>{_e(data.debug_dir)}</code>; torch ' \
             f'{_e(data.torch_version)}, kiln {_e(data.kiln_version)}</p>'
-    return _section("summary", "Summary", f'<div class="cards">{html_cards}</div>{where}{notes}')
+    return section("summary", "Summary", f'<div class="cards">{html_cards}</div>{where}{notes}')
 
 
 def _fmt_s(seconds: float | None) -> str:
@@ -130,10 +95,10 @@ def _fmt_s(seconds: float | None) -> str:
 
 def _bench(data: ReportData) -> str:
     if not data.bench_table:
-        return _section("bench", "Bench", _empty(
+        return section("bench", "Bench", empty(
             "no bench results: this report was made by `python -m kiln report`; "
             "`python -m kiln bench --report` puts its eager / kiln / torch.compile table here"))
-    return _section("bench", "Bench", f"<pre>{_e(data.bench_table)}</pre>")
+    return section("bench", "Bench", f"<pre>{_e(data.bench_table)}</pre>")
 
 
 def _no_kernels(data: ReportData) -> str:
@@ -158,7 +123,7 @@ def _breaks(data: ReportData) -> str:
     if not data.breaks:
         why = "no graph breaks: every captured function compiled as whole graphs" if (
             data.captures or data.live) else "graph breaks not recorded (see the summary note)"
-        return _section("graph-breaks", "Graph breaks", _empty(why))
+        return section("graph-breaks", "Graph breaks", empty(why))
     rows = []
     ranked = sorted(data.breaks, key=lambda b: -int(b.get("cost") or 0))
     for rank, b in enumerate(ranked, 1):
@@ -172,13 +137,13 @@ def _breaks(data: ReportData) -> str:
                      f"<div>{_e(b['message'])}</div>{hints}"])
     body = ('<p class="note">Ranked by cost: the estimated instructions that ran outside graphs '
             "because of the break.</p>" +
-            _table(["#", "cost", "where", "source", "why / what to do"], rows, {0, 1}))
-    return _section("graph-breaks", "Graph breaks", body)
+            table(["#", "cost", "where", "source", "why / what to do"], rows, {0, 1}))
+    return section("graph-breaks", "Graph breaks", body)
 
 
 def _recompiles(data: ReportData) -> str:
     if not data.recompiles:
-        return _section("recompiles", "Recompiles", _empty(
+        return section("recompiles", "Recompiles", empty(
             "no recompiles: every call after the first hit a compiled entry"))
     rows = []
     for r in data.recompiles:
@@ -188,8 +153,8 @@ def _recompiles(data: ReportData) -> str:
             "no cache entry matched"
         rows.append([f"<code>{_e(user_terms(r['function']))}</code>", _location(r.get("location")),
                      _e(r.get("entry_count", "")), why])
-    return _section("recompiles", "Recompiles",
-                    _table(["function", "where", "entry", "failed guards"], rows, {2}))
+    return section("recompiles", "Recompiles",
+                   table(["function", "where", "entry", "failed guards"], rows, {2}))
 
 
 # --- fusion --------------------------------------------------------------------------------
@@ -203,16 +168,16 @@ def _fusion_graph(graph, kernels_by_name: dict[str, dict]) -> str:
             k = kernels_by_name.get(g.get("kernel", ""), {})
             rows.append([f"<code>{_e(g.get('kernel', g.get('name', '?')))}</code>",
                          _e(", ".join(g.get("ops") or ())), _e(", ".join(g.get("buffers") or ())),
-                         _locations(k.get("user_locations"))])
-        parts.append(_table(["kernel", "ATen ops fused", "buffers", "user lines"], rows))
+                         locations(k.get("user_locations"))])
+        parts.append(table(["kernel", "ATen ops fused", "buffers", "user lines"], rows))
     if not_fused:
         rows = [[f"<code>{_e(p['a'])}</code>", f"<code>{_e(p['b'])}</code>", _e(p["reason"])]
                 for p in not_fused]
-        parts.append("<p>Neighbours not fused:</p>" + _table(["a", "b", "reason"], rows))
+        parts.append("<p>Neighbours not fused:</p>" + table(["a", "b", "reason"], rows))
     if not groups and not not_fused and graph.schedule:
         parts.append(f"<pre>{_e(graph.schedule)}</pre>")
     if len(parts) == 1:
-        parts.append(_empty("no fusion.json or schedule.txt in this graph's folder"))
+        parts.append(empty("no fusion.json or schedule.txt in this graph's folder"))
     return "".join(parts)
 
 
@@ -220,9 +185,9 @@ def _fusion(data: ReportData) -> str:
     with_fusion = [g for g in data.graphs if g.fusion["groups"] or g.fusion["not_fused"]
                    or g.schedule]
     if not with_fusion:
-        return _section("fusion", "Fusion", _empty(f"no fusion data: {_no_kernels(data)}"))
+        return section("fusion", "Fusion", empty(f"no fusion data: {_no_kernels(data)}"))
     by_name = {k["name"]: k for k in data.kernels}
-    return _section("fusion", "Fusion", "".join(_fusion_graph(g, by_name) for g in with_fusion))
+    return section("fusion", "Fusion", "".join(_fusion_graph(g, by_name) for g in with_fusion))
 
 
 # --- kernels and roofline ------------------------------------------------------------------
@@ -235,14 +200,14 @@ def _kernel_table(rows: list[KernelRow]) -> str:
         table_rows.append([
             f"<code>{_e(r.name)}</code><div class='note'>{_e(r.graph)}</div>", _e(r.kind),
             _e(f"{r.numel}×{r.rnumel}" if r.rnumel > 1 else r.numel),
-            _num(r.seconds, "{:.2f}", 1e6), _num(r.bytes or None, "{:,.0f}"),
-            _num(r.bandwidth, "{:.2f}", 1e-9), _num(r.flops or None, "{:,.0f}"),
-            _num(r.flop_rate, "{:.3g}", 1e-9), _pct(r.bandwidth_fraction),
+            num(r.seconds, "{:.2f}", 1e6), num(r.bytes or None, "{:,.0f}"),
+            num(r.bandwidth, "{:.2f}", 1e-9), num(r.flops or None, "{:,.0f}"),
+            num(r.flop_rate, "{:.3g}", 1e-9), _pct(r.bandwidth_fraction),
             _pct(r.flops_fraction), _e(", ".join(r.ops)) + source,
-            _locations(r.user_locations)])
-    return _table(["kernel", "kind", "size", "time µs", "bytes", "GB/s", "FLOPs", "GFLOP/s",
-                   "% copy BW", "% matmul FLOP/s", "ATen ops", "user lines"], table_rows,
-                  {2, 3, 4, 5, 6, 7, 8, 9})
+            locations(r.user_locations)])
+    return table(["kernel", "kind", "size", "time µs", "bytes", "GB/s", "FLOPs", "GFLOP/s",
+                  "% copy BW", "% matmul FLOP/s", "ATen ops", "user lines"], table_rows,
+                 {2, 3, 4, 5, 6, 7, 8, 9})
 
 
 def _ceiling_note(data: ReportData) -> str:
@@ -256,28 +221,28 @@ def _ceiling_note(data: ReportData) -> str:
 
 def _kernels(data: ReportData, rows: list[KernelRow]) -> str:
     if not rows:
-        return _section("kernels", "Kernels", _empty(f"no kernel data: {_no_kernels(data)}")
-                        + _ceiling_note(data))
+        return section("kernels", "Kernels", empty(f"no kernel data: {_no_kernels(data)}")
+                       + _ceiling_note(data))
     note = data.timing_note or "no kernel times recorded"
     if not data.device.startswith("cuda"):
         note += ("; on the CPU, times are CPU-side times of the profiler ranges (Triton runs "
                  "interpreted), so GB/s and FLOP/s are not hardware numbers")
     body = (f'<p class="note">{_e(note)}. GB/s = bytes / time; FLOP/s = FLOPs / time.</p>'
             + _ceiling_note(data) + _kernel_table(rows))
-    return _section("kernels", "Kernels", body)
+    return section("kernels", "Kernels", body)
 
 
 def _roofline(data: ReportData, rows: list[KernelRow]) -> str:
     svg, plotted = roofline(rows, data.ceilings_obj)
     if not svg:
-        return _section("roofline", "Roofline", _empty(
+        return section("roofline", "Roofline", empty(
             "no roofline: the machine's ceilings were not measured and no kernel has FLOPs and "
             f"a time ({_no_kernels(data)})"))
     missing = len(rows) - plotted
     note = (f'<p class="note">{plotted} kernel(s) plotted; {missing} without a FLOP count or a '
             "time are not (pointwise kernels often count 0 FLOPs).</p>") if rows else \
-        _empty(f"no kernels to plot: {_no_kernels(data)}; the ceilings alone are drawn")
-    return _section("roofline", "Roofline", note + svg)
+        empty(f"no kernels to plot: {_no_kernels(data)}; the ceilings alone are drawn")
+    return section("roofline", "Roofline", note + svg)
 
 
 # --- compile time --------------------------------------------------------------------------
@@ -289,27 +254,28 @@ def _stage_totals(data: ReportData) -> dict[str, float]:
 def _compile_time(data: ReportData) -> str:
     totals = _stage_totals(data)
     if not totals:
-        return _section("compile-time", "Compile time", _empty(
+        return section("compile-time", "Compile time", empty(
             "no compile times: neither capture records nor timings.json"))
     stages = list(dict.fromkeys(s for g in data.graphs for s in g.timings if s != "total"))
-    rows = [[_e(g.name)] + [_num(g.timings.get(s), "{:.1f}", 1e3) for s in stages]
+    rows = [[_e(g.name)] + [num(g.timings.get(s), "{:.1f}", 1e3) for s in stages]
             for g in data.graphs if g.timings]
-    per_graph = _table(["graph"] + [f"{s} ms" for s in stages], rows,
-                       set(range(1, len(stages) + 1))) if rows else _empty(
+    per_graph = table(["graph"] + [f"{s} ms" for s in stages], rows,
+                      set(range(1, len(stages) + 1))) if rows else empty(
         f"no timings.json: backend {data.backend!r} does not time its stages; capture and the "
         "whole backend call are shown")
     total = sum(totals.values())
     body = (f'<p class="note">compile {total * 1e3:.1f} ms over all graphs. {_e(DEFINITION)}. '
             "Capture from capture records, the rest from each graph's timings.json.</p>" +
             compile_time_bars(totals) + per_graph)
-    return _section("compile-time", "Compile time", body)
+    return section("compile-time", "Compile time", body)
 
 
 def render_html(data: ReportData) -> str:
     rows = kernel_rows(data.kernels, data.kernel_times, data.ceilings_obj)
     nav = "".join(f'<a href="#{sid}">{sid.replace("-", " ")}</a>' for sid in SECTION_IDS)
-    sections = [_summary(data, rows), _bench(data), _breaks(data), _recompiles(data), _fusion(data),
-                _kernels(data, rows), _roofline(data, rows), _compile_time(data)]
+    sections = [_summary(data, rows), _bench(data), profile_section(data.profile, data.live),
+                _breaks(data), _recompiles(data), _fusion(data), _kernels(data, rows),
+                _roofline(data, rows), _compile_time(data)]
     title = f"kiln report: {data.target}"
     return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>"
