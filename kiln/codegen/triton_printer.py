@@ -229,8 +229,16 @@ class TritonPrinter(OpsHandler):
         if mask is None:
             return self._emit(f"tl.load({ptr} + ({self.index(index)}){extra})", dtype)
         other = "False" if dtype == torch.bool else "0"
-        return self._emit(f"tl.load({ptr} + ({self.index(index)}), {mask}, other={other}{extra})",
-                          dtype)
+        return self._emit(f"tl.load({ptr} + ({self._load_index(index)}), {mask}, "
+                          f"other={other}{extra})", dtype)
+
+    def _load_index(self, expr: Expr) -> str:
+        """A masked load's offset: compiled Triton refuses a block mask on a scalar pointer
+        (the interpreter too), so an offset using no loop axis (a constant, or an indirect
+        index loaded from a constant offset) is broadcast to the block."""
+        text = self.index(expr)
+        x, r, _ = self._axes(expr)
+        return text if x or r else f"{text} + 0 * xindex"
 
     def store(self, name: str, index: Expr, value: TV) -> None:
         if self.on_store is not None and not self.on_store(name, index, value):
