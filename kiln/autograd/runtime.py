@@ -382,14 +382,16 @@ def _view_gradients(grads: tuple, views: tuple[_ViewOfIntermediate, ...]) -> tup
 
 def _coerce(grad: torch.Tensor | None, spec: TensorSpec) -> torch.Tensor:
     """The incoming gradient in the layout the backward graph was traced with (zeros for None,
-    a dense copy of an expanded or differently strided gradient)."""
+    a dense copy of an expanded or differently strided gradient, or of one that starts inside
+    its storage: compiled backwards may assume the traced storage offset)."""
     if grad is None:
         return torch.empty_strided(spec.shape, spec.stride, dtype=spec.dtype,
                                    device=spec.device).zero_()
     if grad.dtype != spec.dtype:
         grad = grad.to(spec.dtype)
-    if any(size != 1 and have != want
-           for size, have, want in zip(spec.shape, grad.stride(), spec.stride)):
+    if grad.storage_offset() != spec.storage_offset or any(
+            size != 1 and have != want
+            for size, have, want in zip(spec.shape, grad.stride(), spec.stride)):
         grad = torch.empty_strided(spec.shape, spec.stride, dtype=spec.dtype,
                                    device=spec.device).copy_(grad)
     return grad
