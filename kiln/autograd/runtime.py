@@ -31,6 +31,7 @@ import torch
 import torch.fx
 
 from kiln.autograd import _compat
+from kiln.autograd.mutation import is_leaf_write
 from kiln.autograd.trace import (AutogradUnsupported, JointGraph, OutputInfo, TensorSpec,
                                  lifted_attributes, trace_inference, trace_joint)
 from kiln.errors import KilnError
@@ -92,7 +93,10 @@ class CompiledGraph:
         return [*args, *(_fetch(self.gm, name) for name in self.lifted)]
 
     def variant_for(self, args: list) -> Callable[[list], Any]:
-        requires = tuple(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+        # per input: no grad, a leaf that requires grad, or a non-leaf that does (written
+        # through a clone when the graph writes it; see mutation.StandIns)
+        requires = tuple(0 if not (isinstance(a, torch.Tensor) and a.requires_grad)
+                         else 1 if a.is_leaf else 2 for a in args)
         training = torch.is_grad_enabled() and any(requires)
         key = (training, requires if training else ())
         variant = self.variants.get(key)
@@ -111,6 +115,11 @@ class CompiledGraph:
                       f"kiln: the autograd stage refused a graph; running it eagerly. {err}",
                       log)
             return EagerVariant(self.gm, len(user_args))
+        except RuntimeError as err:
+            if not is_leaf_write(err):
+                raise
+            log.debug("the graph writes into a leaf that requires grad; eager raises: %s", err)
+            return EagerVariant(self.gm, len(user_args))  # raises eager's own error
         for joint_pass in self.compilers.joint_passes:
             joint = joint_pass(joint)
         variant = (TrainingVariant(joint, self.compilers, self.gm) if joint.training
@@ -163,10 +172,11 @@ class Variant:
     def epilogue(self, args: list, fw_outs: tuple) -> Any:
         joint = self.joint
         mutated = joint.mutated_inputs
-        with torch.no_grad():
-            for i, value in zip(mutated, fw_outs):
-                if args[i] is not value:
-                    args[i].copy_(value)
+        for i, info, value in zip(mutated, joint.input_mutations, fw_outs):
+            if args[i] is value:
+                continue
+            with torch.set_grad_enabled(info.requires_grad and torch.is_grad_enabled()):
+                args[i].copy_(value)  # under autograd when the write carries a gradient
         flat: list[Any] = []
         position = len(mutated)
         for info in joint.outputs:
@@ -224,14 +234,17 @@ class TrainingVariant(Variant):
         self.bw: Callable[..., Any] | None = None
         self.function = _make_function(self)
         self.num_fw = joint.num_fw_outputs
-        self.returned = [info.kind == "tensor" for info in joint.outputs
-                         if info.kind != "constant"]
-        self.differentiable = [info.kind == "tensor" and info.requires_grad
-                               for info in joint.outputs if info.kind != "constant"]
-        self.tangent_slots = [len(joint.mutated_inputs) + k
-                              for k, info in enumerate(i for i in joint.outputs
-                                                       if i.kind != "constant")
-                              if info.tangent is not None]
+        user = [info for info in joint.outputs if info.kind != "constant"]
+        self.returned = [info.kind == "tensor" for info in user]
+        # one entry per Function output slot: the mutated inputs' new values, then the outputs
+        slots = [*joint.input_mutations, *user]
+        self.differentiable = [info.kind in ("tensor", "mutation") and info.requires_grad
+                               for info in slots]
+        tangent_slot = {info.tangent: k for k, info in enumerate(slots)
+                        if info.tangent is not None}
+        self.tangent_slots = [tangent_slot[j] for j in range(joint.num_tangents)]
+        self.backward_errors = [(k, info.backward_error) for k, info in enumerate(slots)
+                                if info.backward_error]
 
     def __call__(self, args: list) -> Any:
         if self.aliases_mutated_input(args):
@@ -259,7 +272,7 @@ class TrainingVariant(Variant):
         for view in views:  # the hidden base in its view's slot, or None beside a returned base
             returned[view.slot] = returned[view.slot]._base if view.base_slot == view.slot \
                 else None
-        frozen = [o for o, diff in zip(returned, [False] * num_mutated + self.differentiable)
+        frozen = [o for o, diff in zip(returned, self.differentiable)
                   if isinstance(o, torch.Tensor) and not diff]
         if frozen:
             ctx.mark_non_differentiable(*frozen)
@@ -270,6 +283,9 @@ class TrainingVariant(Variant):
             raise DoubleBackwardError(
                 "double backward (create_graph=True) through a compiled graph is not supported",
                 hint="call backward without create_graph, or run this code without kiln")
+        for slot, message in self.backward_errors:
+            if grads[slot] is not None:  # eager's backward reads an overwritten saved tensor
+                raise RuntimeError(message)
         grads = _view_gradients(grads, ctx.views)
         tangents = [_coerce(grads[slot], spec)
                     for slot, spec in zip(self.tangent_slots, self.joint.tangent_specs)]
