@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import operator
 import time
 from typing import Any, Callable
 
@@ -245,6 +246,7 @@ class TrainingVariant(Variant):
         self.tangent_slots = [tangent_slot[j] for j in range(joint.num_tangents)]
         self.backward_errors = [(k, info.backward_error) for k, info in enumerate(slots)
                                 if info.backward_error]
+        self.grad_tangents = _tangents_per_output(self.partition.bw_gm, joint.num_tangents)
 
     def __call__(self, args: list) -> Any:
         if self.aliases_mutated_input(args):
@@ -295,7 +297,12 @@ class TrainingVariant(Variant):
             bw_gm = self.partition.bw_gm
             _log_graph("backward", bw_gm)
             self.bw = self.compilers.bw_compiler(bw_gm, _fake_args(bw_gm))
-        return tuple(self.bw(*saved, *tangents))
+        reached = sum(1 << j for j, slot in enumerate(self.tangent_slots)
+                      if grads[slot] is not None)
+        # an input whose gradient reads only tangents no gradient reached gets None, as in
+        # eager (autograd never reaches it), not zeros
+        return tuple(None if needs and not needs & reached else grad
+                     for grad, needs in zip(self.bw(*saved, *tangents), self.grad_tangents))
 
 
 def _make_function(variant: TrainingVariant) -> type:
@@ -309,6 +316,19 @@ def _make_function(variant: TrainingVariant) -> type:
             return (None, *variant.backward(ctx, grads))
 
     return CompiledFunction
+
+
+def _tangents_per_output(bw_gm: torch.fx.GraphModule, num_tangents: int) -> list[int]:
+    """Per output of the backward graph, the tangents it depends on (bit j: tangents_j)."""
+    placeholders = [n for n in bw_gm.graph.nodes if n.op == "placeholder"]
+    first = len(placeholders) - num_tangents
+    needs: dict[torch.fx.Node, int] = {n: 1 << j for j, n in enumerate(placeholders[first:])}
+    for node in bw_gm.graph.nodes:
+        if node.op != "placeholder":
+            needs[node] = functools.reduce(operator.or_, (needs.get(arg, 0)
+                                                          for arg in node.all_input_nodes), 0)
+    (outputs,) = next(n for n in bw_gm.graph.nodes if n.op == "output").args
+    return [needs.get(out, 0) if isinstance(out, torch.fx.Node) else 0 for out in outputs]
 
 
 @dataclasses.dataclass(frozen=True)

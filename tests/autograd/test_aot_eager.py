@@ -303,6 +303,23 @@ def test_unused_outputs_and_integer_outputs(train_check):
         assert not got[2].requires_grad and got[1].requires_grad
 
 
+def test_inputs_reached_only_through_ignored_outputs_get_no_gradient(aot_backend):
+    """Eager never reaches an input through outputs the loss ignores, so its .grad stays None
+    (zeros would differ: an optimizer with weight decay moves a parameter whose grad is zero)."""
+    def fn(x, y):
+        return x * x, y * 3
+
+    compiled = kiln.compile(fn, backend=aot_backend, fullgraph=True)
+    x, y = torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True)
+    a, b = compiled(x, y)
+    a.sum().backward(retain_graph=True)
+    assert y.grad is None
+    close(x.grad, 2 * x.detach(), "x.grad")
+    b.sum().backward()
+    close(y.grad, torch.full((3,), 3.0), "y.grad")
+    aot_backend.assert_compiled(training=True)
+
+
 def test_user_input_mutation_is_written_back(aot_backend):
     def fn(x, y):
         x.mul_(2).add_(y.detach())

@@ -153,12 +153,20 @@ def write_a_non_leaf_under_no_grad(model, x):
     return t * t
 
 
+def write_a_non_leaf_nothing_reads(model, x, y):
+    t = model(x)
+    kiln.graph_break()
+    t[1] = 1.0  # no loss reaches t: the model's gradients stay None, as in eager
+    return y * 2
+
+
 @pytest.mark.parametrize("fn, make_inputs", [
     (write_into_a_non_leaf, lambda: [_randn(4, 4, requires_grad=True), _randn(4, 4)]),
     (write_into_a_non_leaf, lambda: [_randn(4, 4), _randn(4, 4, requires_grad=True)]),
     (write_into_a_view_of_a_non_leaf, lambda: [_randn(3, 4, requires_grad=True), _randn(4)]),
     (write_a_gradient_into_a_plain_input, lambda: [_randn(3, 4), _randn(3, 4)]),
     (write_a_non_leaf_under_no_grad, lambda: [_randn(2, 4, requires_grad=True)]),
+    (write_a_non_leaf_nothing_reads, lambda: [_randn(2, 4), _randn(3, requires_grad=True)]),
 ])
 def test_write_into_an_input_that_takes_part_in_autograd(fn, make_inputs, backend):
     check(fn, make_inputs, backend)
