@@ -154,16 +154,32 @@ class Variant:
 
     def __init__(self, joint: JointGraph, gm: torch.fx.GraphModule) -> None:
         self.joint = joint
-        self.eager = EagerVariant(gm, joint.num_primals - len(joint.lifted_attrs))
+        self.eager = EagerVariant(gm, joint.num_primals - len(joint.lifted_attrs)
+                                  - len(joint.synthetic_bases))
+        self.members = {base.index: set(base.members) for base in joint.synthetic_bases}
+
+    def prepare(self, args: list) -> list | None:
+        """The call's arguments followed by its synthetic bases; None when the inputs alias
+        differently from the traced ones (the graph then runs eagerly)."""
+        if self.joint.synthetic_bases:
+            built = [base.build(args) for base in self.joint.synthetic_bases]
+            if any(base is None for base in built):
+                warn_once(("autograd-alias", id(self)),
+                          "kiln: inputs that shared memory when the graph was compiled do not at "
+                          "this call; running the graph eagerly", log)
+                return None
+            args = [*args, *built]
+        return None if self.aliases_mutated_input(args) else args
 
     def aliases_mutated_input(self, args: list) -> bool:
         """Mutated inputs must not share memory with other inputs (it was so at trace time;
-        nothing guards it between calls)."""
+        nothing guards it between calls), except a synthetic base with its members."""
         if not self.joint.mutated_inputs:
             return False
         keys = [_compat.storage_key(a) if isinstance(a, torch.Tensor) else None for a in args]
         for i in self.joint.mutated_inputs:
-            if any(j != i and keys[j] == keys[i] for j in range(len(args))):
+            if any(j != i and keys[j] == keys[i] and j not in self.members.get(i, ())
+                   for j in range(len(args))):
                 warn_once(("autograd-alias", id(self)),
                           f"kiln: mutated input {self.joint.input_sources[i]} shares memory with "
                           "another input at this call; running the graph eagerly", log)
@@ -210,11 +226,12 @@ class InferenceVariant(Variant):
         self.fn = compiler(joint.gm, _fake_args(joint.gm))
 
     def __call__(self, args: list) -> Any:
-        if self.aliases_mutated_input(args):
+        full = self.prepare(args)
+        if full is None:
             return self.eager(args)
         with torch.no_grad():
-            outs = self.fn(*args)
-        return self.epilogue(args, tuple(outs))
+            outs = self.fn(*full)
+        return self.epilogue(full, tuple(outs))
 
 
 class TrainingVariant(Variant):
@@ -249,11 +266,12 @@ class TrainingVariant(Variant):
         self.grad_tangents = _tangents_per_output(self.partition.bw_gm, joint.num_tangents)
 
     def __call__(self, args: list) -> Any:
-        if self.aliases_mutated_input(args):
+        full = self.prepare(args)
+        if full is None:
             return self.eager(args)
         views: list[_ViewOfIntermediate] = []
-        outs = self.function.apply(views, *args)
-        return self.epilogue(args, _view_again(outs, views))
+        outs = self.function.apply(views, *full)
+        return self.epilogue(full, _view_again(outs, views))
 
     # -- autograd.Function bodies --------------------------------------------------------------
     def forward(self, ctx: Any, views: list, args: tuple) -> tuple:

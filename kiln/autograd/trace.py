@@ -25,7 +25,8 @@ from kiln._util import is_hashable
 from kiln.autograd import _compat
 from kiln.autograd.backward import BackwardTrace, SavedTensorModified
 from kiln.autograd.decompositions import keeps
-from kiln.autograd.mutation import MutationWatch, StandIns, mutated_arg_positions
+from kiln.autograd.mutation import (MutationWatch, StandIns, SyntheticBase, alias_groups,
+                                    mutated_arg_positions)
 from kiln.errors import KilnError
 
 __all__ = [
@@ -103,8 +104,13 @@ class JointGraph:
     outputs: one OutputInfo per flattened captured-graph output (`output_spec` rebuilds the
     structure); input_mutations: one OutputInfo (kind "mutation") per entry of mutated_inputs;
     tangents are numbered over the outputs first, then the mutations; tangent_specs: the layout
-    each tangent was traced with (the runtime coerces the incoming gradients to it). static_input_indices: primals alive anyway (parameters, buffers,
-    module attributes; never a mutated input), free for the partitioner to save."""
+    each tangent was traced with (the runtime coerces the incoming gradients to it).
+    static_input_indices: primals alive anyway (parameters, buffers, module attributes; never a
+    mutated input), free for the partitioner to save.
+    synthetic_bases: extra primals after the lifted attributes, one per group of inputs that
+    share a storage and of which one is written (`mutation.SyntheticBase`); the graph reads
+    the members through their base only, and the runtime passes each base (built from the
+    call's members) after the other inputs."""
 
     gm: torch.fx.GraphModule
     num_fw_outputs: int
@@ -120,6 +126,7 @@ class JointGraph:
     input_sources: tuple[str | None, ...] = ()
     lifted_attrs: tuple[str, ...] = ()
     static_input_indices: tuple[int, ...] = ()
+    synthetic_bases: tuple[SyntheticBase, ...] = ()
 
     @property
     def num_user_outputs(self) -> int:
@@ -340,6 +347,7 @@ class RawTrace:
     training: bool = False
     mutations: dict[int, OutputInfo] = dataclasses.field(default_factory=dict)
     returned_inputs: tuple[int, ...] = ()
+    synthetic_bases: tuple[SyntheticBase, ...] = ()
 
 
 def trace_joint(gm: torch.fx.GraphModule, example_inputs: list, *,
@@ -377,27 +385,29 @@ def lifted_attributes(gm: torch.fx.GraphModule) -> list[tuple[str, torch.Tensor]
 
 
 def trace_raw(gm: torch.fx.GraphModule, example_inputs: list, *, training: bool,
-              probe: bool = False) -> RawTrace:
+              probe: bool = False, groups: tuple[tuple[int, ...], ...] = ()) -> RawTrace:
     """Stage 1: replay `gm` on fake copies of the inputs under the tracer and, for training, call
-    autograd.grad inside the trace. When that backward reads a tensor the program wrote in
-    place after autograd saved it, the trace is made again with `probe`: the outputs whose
-    eager backward raises get the error instead of a tangent (`mutation.backward_errors`)."""
+    autograd.grad inside the trace. Traced again, with `groups`, when inputs that share a
+    storage are written (`mutation.SyntheticBase`); with `probe`, when the backward reads a
+    tensor the program overwrote after autograd saved it (`backward.backward_errors`)."""
     lifted = lifted_attributes(gm)
     reals = [*example_inputs, *(value for _, value in lifted)]
     if any(not isinstance(real, torch.Tensor) for real in reals):
         kinds = sorted({type(r).__name__ for r in reals if not isinstance(r, torch.Tensor)})
         raise AutogradUnsupported(f"graph inputs that are not tensors ({', '.join(kinds)})",
                                   hint="the graph runs eagerly instead")
+    bases = tuple(SyntheticBase.of(len(reals) + k, group, reals) for k, group in enumerate(groups))
     fake_mode = _compat.new_fake_mode()
     tracer = ATenTracer(fake_mode)
-    primals = [_fake_input(fake_mode, real, training) for real in reals]
+    traced = [*reals, *(base.build(reals) for base in bases)]
+    primals = [_fake_input(fake_mode, real, training) for real in traced]
     requires_grad = [p.requires_grad for p in primals]
     nodes = [tracer.placeholder(f"primals_{i}", p) for i, p in enumerate(primals)]
-    stand_ins = StandIns(primals, reals)
+    stand_ins = StandIns(primals, traced, bases)
     if training:
         tracer.backward_provenance = {}
-        with fake_mode, tracer, torch.enable_grad():
-            stand_ins.make(tracer)
+    with fake_mode, tracer, torch.set_grad_enabled(training):
+        stand_ins.make(tracer, training)
     watch = tracer.on_mutation = MutationWatch(stand_ins)
     attrs = _attr_map(lifted, stand_ins.tensors[len(example_inputs):])
     backward = BackwardTrace(tracer, primals, requires_grad, probe)
@@ -406,13 +416,17 @@ def trace_raw(gm: torch.fx.GraphModule, example_inputs: list, *, training: bool,
                 torch.set_grad_enabled(training):
             out = _Replay(gm, tracer, attrs).run(*stand_ins.tensors[:len(example_inputs)])
             flat, spec = _compat.tree_flatten(out)
+            if not bases:
+                _check_aliased_writes(reals, watch.mutated)
             outputs = _classify_outputs(flat, stand_ins)
             mutations = {i: OutputInfo("mutation", True, index=i)
-                         for i in sorted(watch.mutated) if stand_ins.tracked(i)}
+                         for i in sorted(watch.mutated - stand_ins.members) if stand_ins.tracked(i)}
             if training:
                 outputs = backward.run(flat, outputs, mutations, stand_ins)
+    except _AliasedWrites as found:
+        return trace_raw(gm, example_inputs, training=training, probe=probe, groups=found.groups)
     except SavedTensorModified:
-        return trace_raw(gm, example_inputs, training=training, probe=True)
+        return trace_raw(gm, example_inputs, training=training, probe=True, groups=groups)
     except Exception as err:
         if watch.refusals:
             raise AutogradUnsupported(watch.refusals[0], hint=_REFUSAL_HINT) from err
@@ -424,12 +438,30 @@ def trace_raw(gm: torch.fx.GraphModule, example_inputs: list, *, training: bool,
     tracer.graph.output(tracer.to_nodes((*tensor_outs, *(stand_ins.tensors[i] for i in returned),
                                          *(backward.grads if backward.needed else ()))))
     stand_ins.drop_unwritten(nodes, watch.mutated)
-    sources = _sources(gm, lifted)
+    sources = _sources(gm, lifted, bases)
     return RawTrace(tracer.graph_module(), dict(tracer.constants), fake_mode, primals,
                     backward.tangents, requires_grad, tuple(outputs), spec,
                     tuple(TensorSpec.of(t) for t in backward.tangents), watch.mutated, sources,
                     tuple(name for name, _ in lifted), _static_inputs(reals, sources, len(lifted)),
-                    training=backward.needed, mutations=mutations, returned_inputs=returned)
+                    training=backward.needed, mutations=mutations, returned_inputs=returned,
+                    synthetic_bases=bases)
+
+
+class _AliasedWrites(Exception):
+    def __init__(self, groups: tuple[tuple[int, ...], ...]) -> None:
+        super().__init__()
+        self.groups = groups
+
+
+def _check_aliased_writes(reals: list, written: set[int]) -> None:
+    """Inputs sharing a storage with a written one: trace again through a synthetic base, or
+    refuse when that cannot follow eager (see mutation.alias_groups)."""
+    groups, refusal = alias_groups(reals, {i for i in written if i < len(reals)})
+    if refusal is not None:
+        raise AutogradUnsupported(refusal, hint="the graph runs eagerly instead; pass separate "
+                                                "tensors, or clone one")
+    if groups:
+        raise _AliasedWrites(tuple(groups))
 
 
 _REFUSAL_HINT = ("the graph runs eagerly instead; move the mutation out of the compiled region "
@@ -451,9 +483,13 @@ def _attr_map(lifted: list[tuple[str, torch.Tensor]], fakes: list) -> dict[str, 
     return attrs
 
 
-def _sources(gm: torch.fx.GraphModule, lifted: list) -> tuple[str | None, ...]:
+def _sources(gm: torch.fx.GraphModule, lifted: list,
+             bases: tuple[SyntheticBase, ...]) -> tuple[str | None, ...]:
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    return (*(n.meta.get("source", n.name) for n in placeholders), *(name for name, _ in lifted))
+    sources = (*(n.meta.get("source", n.name) for n in placeholders),
+               *(name for name, _ in lifted))
+    return (*sources, *(f"<memory of {', '.join(str(sources[m]) for m in base.members)}>"
+                        for base in bases))
 
 
 def _static_inputs(reals: list, sources: tuple, num_lifted: int) -> tuple[int, ...]:

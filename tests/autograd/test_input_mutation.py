@@ -1,5 +1,6 @@
 """In-place writes in training graphs (issue 11): writes into graph inputs that take part in
-autograd, and writes into tensors autograd saved for the backward.
+autograd or share memory with other inputs, and writes into tensors autograd saved for the
+backward.
 
 Each pattern runs compiled (aot_eager, and kiln with its generated kernels) and in eager on the
 same fresh random inputs, twice: outputs, requires_grad, inputs after the call, and every
@@ -68,6 +69,8 @@ def _run(fn: Callable, model: nn.Module, inputs: list, weights: list | None,
         weights = [torch.randn_like(t) for t in
                    [o for k, o in enumerate(outs) if loss_on is None or k in loss_on]
                    + [x for x in inputs if not x.is_leaf] if t.requires_grad]
+    if not weights:
+        return outs, weights, None  # nothing requires grad
     try:
         _loss(outs, inputs, weights, loss_on).backward()
     except RuntimeError as err:
@@ -102,6 +105,9 @@ def check(fn: Callable, make_inputs: Callable[[], list], backend: str, *,
             assert error is not None and backward_raises in str(error), error
             continue
         assert eager_error is None and error is None, (eager_error, error)
+        if not weights:
+            assert all(not p.requires_grad for p in got if isinstance(p, torch.Tensor))
+            continue
         _run(fn, ref_model, ref_inputs, weights, loss_on)
         _assert_grads(_grads(model, inputs), _grads(eager_model, eager_inputs),
                       _grads(ref_model, ref_inputs))
@@ -187,6 +193,38 @@ def test_write_into_a_leaf_that_requires_grad_raises_like_eager(backend):
                                                "used in an in-place operation") as raised:
             compiled(w, x)
         assert raised.type is RuntimeError  # eager's own error, not a compiler failure
+
+
+# -- writes into inputs that share memory -----------------------------------------------------
+
+def write_a_view_read_through_its_base(model, x, u):
+    v = x[1:]
+    kiln.graph_break()  # the resume graph gets x and v: two inputs, one storage
+    v.mul_(2)
+    return x * 3 + model(u).sum(), v
+
+
+def write_a_gradient_through_a_view(model, x, u):
+    v = x[1:]
+    kiln.graph_break()
+    v.add_(model(u)[1:])  # x does not require grad; after the write it does, through v
+    return x * 2
+
+
+def write_the_base_read_the_view(model, x):
+    v = x.t()
+    kiln.graph_break()
+    x.add_(1)
+    return v * 2  # no gradient anywhere: an inference graph
+
+
+@pytest.mark.parametrize("fn, make_inputs", [
+    (write_a_view_read_through_its_base, lambda: [_randn(4, 4), _randn(2, 4)]),
+    (write_a_gradient_through_a_view, lambda: [_randn(4, 4), _randn(4, 4)]),
+    (write_the_base_read_the_view, lambda: [_randn(3, 4)]),
+])
+def test_write_into_inputs_that_share_memory(fn, make_inputs, backend):
+    check(fn, make_inputs, backend)
 
 
 # -- writes into tensors autograd saved ----------------------------------------------------------

@@ -338,15 +338,33 @@ def test_refuses_metadata_mutation_of_an_input():
         trace_inference(gm, [torch.randn(2, 3)])
 
 
-def test_refuses_mutated_inputs_sharing_memory():
+def test_written_inputs_sharing_memory_are_read_through_a_synthetic_base():
     def fn(a, b):
         a.mul_(2)
         return a + b
 
     gm = torch.fx.symbolic_trace(fn)
-    base = torch.randn(4)
+    base = torch.randn(6)
+    joint = trace_inference(gm, [base[:4], base[2:]])
+    (synthetic,) = joint.synthetic_bases
+    assert (synthetic.index, synthetic.members, synthetic.offset, synthetic.size) == (2, (0, 1),
+                                                                                      0, 6)
+    assert placeholders(joint) == ["primals_0", "primals_1", "primals_2"]
+    assert joint.mutated_inputs == (2,)
+    users = {n.name: len(n.users) for n in joint.gm.graph.nodes if n.op == "placeholder"}
+    assert users["primals_0"] == users["primals_1"] == 0  # members are read through the base
+    assert aten.as_strided.default in call_targets(joint)
+
+
+def test_refuses_written_inputs_sharing_memory_that_require_grad():
+    def fn(a, b):
+        a.mul_(2)
+        return a + b
+
+    gm = torch.fx.symbolic_trace(fn)
+    base = torch.randn(4, requires_grad=True) * 1
     with pytest.raises(AutogradUnsupported, match="shares memory with input primals_1"):
-        trace_inference(gm, [base, base[:4]])
+        trace_joint(gm, [base, base[:4]])
 
 
 def test_refuses_non_tensor_inputs():
