@@ -15,8 +15,10 @@ Steps (`aot_compile`):
 
 Invariants: the graphs handed to compilers are functional ATen graphs that follow
 `decompositions.py`; every node has meta["val"]; random ops are never recomputed; gradients are
-never wrong: what the stage cannot support (a mutated input requiring grad, mutated inputs
-sharing memory) runs eagerly with the reason logged.
+never wrong: in-place writes into inputs follow eager's autograd (`mutation.py`), a backward
+that reads a tensor the program overwrote raises eager's error (`backward.py`), and what the
+stage cannot support (mutated inputs sharing memory that require grad) runs eagerly with the
+reason logged.
 
 Never: calls torch's AOTAutograd, supports double backward, or imports private torch APIs outside
 `_compat.py`.

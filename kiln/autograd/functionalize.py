@@ -10,7 +10,8 @@ Then: dead code is removed (random ops survive under eager RNG), every node is t
 phase, and the graph is checked — no op may mutate, every node has meta["val"].
 
 Refused (AutogradUnsupported, the backend runs the graph eagerly): an input mutated while it
-shares memory with another input (functionalization would see two unrelated tensors).
+shares memory with another input (functionalization would see two unrelated tensors) — stage 1
+traces such groups through a synthetic base, so this is a safety net.
 """
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ import torch.fx
 
 from kiln.autograd import _compat
 from kiln.autograd.rng import eager_rng, is_random
+from kiln.autograd.mutation import mutated_arg_positions
 from kiln.autograd.trace import (PROVENANCE_KEYS, ATenTracer, AutogradUnsupported, JointGraph,
-                                 RawTrace, mutated_arg_positions)
+                                 OutputInfo, RawTrace)
 from kiln.errors import InternalError
 
 __all__ = ["functionalize_raw", "check_functional", "tag_phases", "eliminate_dead_code"]
@@ -52,11 +54,14 @@ def functionalize_raw(raw: RawTrace, decompositions: dict) -> JointGraph:
     functional = torch.func.functionalize(replay, remove="mutations")
     with fake_mode, tracer, torch.no_grad():
         outs = functional(*primals, *tangents, *constants.values())
-    _refuse_aliased_mutations(updates.values, primals)
+    num_outs = sum(1 for info in raw.outputs if info.kind != "constant")
+    num_returned = len(raw.returned_inputs)
+    for i, value in zip(raw.returned_inputs, outs[num_outs:num_outs + num_returned]):
+        updates.values[i] = tracer.to_nodes(value)  # written through a clone: no copy_ into it
+    _refuse_aliased_mutations(updates.values, primals, raw.synthetic_bases)
     mutated = tuple(sorted(updates.values))
     fw_values = [updates.values[i] for i in mutated]
-    result_nodes = tracer.to_nodes(tuple(outs))
-    num_outs = sum(1 for info in raw.outputs if info.kind != "constant")
+    result_nodes = tracer.to_nodes((*outs[:num_outs], *outs[num_outs + num_returned:]))
     out_node = tracer.graph.output((*fw_values, *result_nodes))
     out_node.meta["val"] = tuple(n.meta["val"] if isinstance(n, torch.fx.Node) else n
                                  for n in out_node.args[0])
@@ -69,9 +74,12 @@ def functionalize_raw(raw: RawTrace, decompositions: dict) -> JointGraph:
         gm=gm, num_fw_outputs=len(fw_values) + num_outs, num_primals=len(primals),
         num_tangents=len(tangents), primals_requiring_grad=list(raw.requires_grad),
         training=raw.training, mutated_inputs=mutated, outputs=raw.outputs,
+        input_mutations=tuple(raw.mutations.get(i, OutputInfo("mutation", index=i))
+                              for i in mutated),
         tangent_specs=raw.tangent_specs, output_spec=raw.output_spec,
         input_sources=raw.input_sources, lifted_attrs=raw.lifted_attrs,
-        static_input_indices=tuple(i for i in raw.static_inputs if i not in updates.values))
+        static_input_indices=tuple(i for i in raw.static_inputs if i not in updates.values),
+        synthetic_bases=raw.synthetic_bases)
 
 
 class _InputUpdates:
@@ -111,10 +119,14 @@ class _ReplayRaw(torch.fx.Interpreter):
         return self.attrs[target]
 
 
-def _refuse_aliased_mutations(updates: dict[int, Any], primals: list) -> None:
+def _refuse_aliased_mutations(updates: dict[int, Any], primals: list, bases: tuple) -> None:
+    """A written input must not share memory with another input, except a synthetic base with
+    its members (the graph reads them through the base)."""
     keys = {i: _compat.storage_key(p) for i, p in enumerate(primals)}
+    members = {base.index: set(base.members) for base in bases}
     for i in updates:
-        others = [j for j, key in keys.items() if j != i and key == keys[i]]
+        others = [j for j, key in keys.items()
+                  if j != i and key == keys[i] and j not in members.get(i, ())]
         if others:
             raise AutogradUnsupported(
                 f"input primals_{i} is mutated in place and shares memory with input "

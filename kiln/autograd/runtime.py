@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import operator
 import time
 from typing import Any, Callable
 
@@ -31,6 +32,7 @@ import torch
 import torch.fx
 
 from kiln.autograd import _compat
+from kiln.autograd.mutation import is_leaf_write
 from kiln.autograd.trace import (AutogradUnsupported, JointGraph, OutputInfo, TensorSpec,
                                  lifted_attributes, trace_inference, trace_joint)
 from kiln.errors import KilnError
@@ -92,7 +94,10 @@ class CompiledGraph:
         return [*args, *(_fetch(self.gm, name) for name in self.lifted)]
 
     def variant_for(self, args: list) -> Callable[[list], Any]:
-        requires = tuple(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+        # per input: no grad, a leaf that requires grad, or a non-leaf that does (written
+        # through a clone when the graph writes it; see mutation.StandIns)
+        requires = tuple(0 if not (isinstance(a, torch.Tensor) and a.requires_grad)
+                         else 1 if a.is_leaf else 2 for a in args)
         training = torch.is_grad_enabled() and any(requires)
         key = (training, requires if training else ())
         variant = self.variants.get(key)
@@ -111,6 +116,11 @@ class CompiledGraph:
                       f"kiln: the autograd stage refused a graph; running it eagerly. {err}",
                       log)
             return EagerVariant(self.gm, len(user_args))
+        except RuntimeError as err:
+            if not is_leaf_write(err):
+                raise
+            log.debug("the graph writes into a leaf that requires grad; eager raises: %s", err)
+            return EagerVariant(self.gm, len(user_args))  # raises eager's own error
         for joint_pass in self.compilers.joint_passes:
             joint = joint_pass(joint)
         variant = (TrainingVariant(joint, self.compilers, self.gm) if joint.training
@@ -144,16 +154,32 @@ class Variant:
 
     def __init__(self, joint: JointGraph, gm: torch.fx.GraphModule) -> None:
         self.joint = joint
-        self.eager = EagerVariant(gm, joint.num_primals - len(joint.lifted_attrs))
+        self.eager = EagerVariant(gm, joint.num_primals - len(joint.lifted_attrs)
+                                  - len(joint.synthetic_bases))
+        self.members = {base.index: set(base.members) for base in joint.synthetic_bases}
+
+    def prepare(self, args: list) -> list | None:
+        """The call's arguments followed by its synthetic bases; None when the inputs alias
+        differently from the traced ones (the graph then runs eagerly)."""
+        if self.joint.synthetic_bases:
+            built = [base.build(args) for base in self.joint.synthetic_bases]
+            if any(base is None for base in built):
+                warn_once(("autograd-alias", id(self)),
+                          "kiln: inputs that shared memory when the graph was compiled do not at "
+                          "this call; running the graph eagerly", log)
+                return None
+            args = [*args, *built]
+        return None if self.aliases_mutated_input(args) else args
 
     def aliases_mutated_input(self, args: list) -> bool:
         """Mutated inputs must not share memory with other inputs (it was so at trace time;
-        nothing guards it between calls)."""
+        nothing guards it between calls), except a synthetic base with its members."""
         if not self.joint.mutated_inputs:
             return False
         keys = [_compat.storage_key(a) if isinstance(a, torch.Tensor) else None for a in args]
         for i in self.joint.mutated_inputs:
-            if any(j != i and keys[j] == keys[i] for j in range(len(args))):
+            if any(j != i and keys[j] == keys[i] and j not in self.members.get(i, ())
+                   for j in range(len(args))):
                 warn_once(("autograd-alias", id(self)),
                           f"kiln: mutated input {self.joint.input_sources[i]} shares memory with "
                           "another input at this call; running the graph eagerly", log)
@@ -163,10 +189,11 @@ class Variant:
     def epilogue(self, args: list, fw_outs: tuple) -> Any:
         joint = self.joint
         mutated = joint.mutated_inputs
-        with torch.no_grad():
-            for i, value in zip(mutated, fw_outs):
-                if args[i] is not value:
-                    args[i].copy_(value)
+        for i, info, value in zip(mutated, joint.input_mutations, fw_outs):
+            if args[i] is value:
+                continue
+            with torch.set_grad_enabled(info.requires_grad and torch.is_grad_enabled()):
+                args[i].copy_(value)  # under autograd when the write carries a gradient
         flat: list[Any] = []
         position = len(mutated)
         for info in joint.outputs:
@@ -199,11 +226,12 @@ class InferenceVariant(Variant):
         self.fn = compiler(joint.gm, _fake_args(joint.gm))
 
     def __call__(self, args: list) -> Any:
-        if self.aliases_mutated_input(args):
+        full = self.prepare(args)
+        if full is None:
             return self.eager(args)
         with torch.no_grad():
-            outs = self.fn(*args)
-        return self.epilogue(args, tuple(outs))
+            outs = self.fn(*full)
+        return self.epilogue(full, tuple(outs))
 
 
 class TrainingVariant(Variant):
@@ -224,21 +252,26 @@ class TrainingVariant(Variant):
         self.bw: Callable[..., Any] | None = None
         self.function = _make_function(self)
         self.num_fw = joint.num_fw_outputs
-        self.returned = [info.kind == "tensor" for info in joint.outputs
-                         if info.kind != "constant"]
-        self.differentiable = [info.kind == "tensor" and info.requires_grad
-                               for info in joint.outputs if info.kind != "constant"]
-        self.tangent_slots = [len(joint.mutated_inputs) + k
-                              for k, info in enumerate(i for i in joint.outputs
-                                                       if i.kind != "constant")
-                              if info.tangent is not None]
+        user = [info for info in joint.outputs if info.kind != "constant"]
+        self.returned = [info.kind == "tensor" for info in user]
+        # one entry per Function output slot: the mutated inputs' new values, then the outputs
+        slots = [*joint.input_mutations, *user]
+        self.differentiable = [info.kind in ("tensor", "mutation") and info.requires_grad
+                               for info in slots]
+        tangent_slot = {info.tangent: k for k, info in enumerate(slots)
+                        if info.tangent is not None}
+        self.tangent_slots = [tangent_slot[j] for j in range(joint.num_tangents)]
+        self.backward_errors = [(k, info.backward_error) for k, info in enumerate(slots)
+                                if info.backward_error]
+        self.grad_tangents = _tangents_per_output(self.partition.bw_gm, joint.num_tangents)
 
     def __call__(self, args: list) -> Any:
-        if self.aliases_mutated_input(args):
+        full = self.prepare(args)
+        if full is None:
             return self.eager(args)
         views: list[_ViewOfIntermediate] = []
-        outs = self.function.apply(views, *args)
-        return self.epilogue(args, _view_again(outs, views))
+        outs = self.function.apply(views, *full)
+        return self.epilogue(full, _view_again(outs, views))
 
     # -- autograd.Function bodies --------------------------------------------------------------
     def forward(self, ctx: Any, views: list, args: tuple) -> tuple:
@@ -259,7 +292,7 @@ class TrainingVariant(Variant):
         for view in views:  # the hidden base in its view's slot, or None beside a returned base
             returned[view.slot] = returned[view.slot]._base if view.base_slot == view.slot \
                 else None
-        frozen = [o for o, diff in zip(returned, [False] * num_mutated + self.differentiable)
+        frozen = [o for o, diff in zip(returned, self.differentiable)
                   if isinstance(o, torch.Tensor) and not diff]
         if frozen:
             ctx.mark_non_differentiable(*frozen)
@@ -270,6 +303,9 @@ class TrainingVariant(Variant):
             raise DoubleBackwardError(
                 "double backward (create_graph=True) through a compiled graph is not supported",
                 hint="call backward without create_graph, or run this code without kiln")
+        for slot, message in self.backward_errors:
+            if grads[slot] is not None:  # eager's backward reads an overwritten saved tensor
+                raise RuntimeError(message)
         grads = _view_gradients(grads, ctx.views)
         tangents = [_coerce(grads[slot], spec)
                     for slot, spec in zip(self.tangent_slots, self.joint.tangent_specs)]
@@ -279,7 +315,12 @@ class TrainingVariant(Variant):
             bw_gm = self.partition.bw_gm
             _log_graph("backward", bw_gm)
             self.bw = self.compilers.bw_compiler(bw_gm, _fake_args(bw_gm))
-        return tuple(self.bw(*saved, *tangents))
+        reached = sum(1 << j for j, slot in enumerate(self.tangent_slots)
+                      if grads[slot] is not None)
+        # an input whose gradient reads only tangents no gradient reached gets None, as in
+        # eager (autograd never reaches it), not zeros
+        return tuple(None if needs and not needs & reached else grad
+                     for grad, needs in zip(self.bw(*saved, *tangents), self.grad_tangents))
 
 
 def _make_function(variant: TrainingVariant) -> type:
@@ -293,6 +334,19 @@ def _make_function(variant: TrainingVariant) -> type:
             return (None, *variant.backward(ctx, grads))
 
     return CompiledFunction
+
+
+def _tangents_per_output(bw_gm: torch.fx.GraphModule, num_tangents: int) -> list[int]:
+    """Per output of the backward graph, the tangents it depends on (bit j: tangents_j)."""
+    placeholders = [n for n in bw_gm.graph.nodes if n.op == "placeholder"]
+    first = len(placeholders) - num_tangents
+    needs: dict[torch.fx.Node, int] = {n: 1 << j for j, n in enumerate(placeholders[first:])}
+    for node in bw_gm.graph.nodes:
+        if node.op != "placeholder":
+            needs[node] = functools.reduce(operator.or_, (needs.get(arg, 0)
+                                                          for arg in node.all_input_nodes), 0)
+    (outputs,) = next(n for n in bw_gm.graph.nodes if n.op == "output").args
+    return [needs.get(out, 0) if isinstance(out, torch.fx.Node) else 0 for out in outputs]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -382,14 +436,16 @@ def _view_gradients(grads: tuple, views: tuple[_ViewOfIntermediate, ...]) -> tup
 
 def _coerce(grad: torch.Tensor | None, spec: TensorSpec) -> torch.Tensor:
     """The incoming gradient in the layout the backward graph was traced with (zeros for None,
-    a dense copy of an expanded or differently strided gradient)."""
+    a dense copy of an expanded or differently strided gradient, or of one that starts inside
+    its storage: compiled backwards may assume the traced storage offset)."""
     if grad is None:
         return torch.empty_strided(spec.shape, spec.stride, dtype=spec.dtype,
                                    device=spec.device).zero_()
     if grad.dtype != spec.dtype:
         grad = grad.to(spec.dtype)
-    if any(size != 1 and have != want
-           for size, have, want in zip(spec.shape, grad.stride(), spec.stride)):
+    if grad.storage_offset() != spec.storage_offset or any(
+            size != 1 and have != want
+            for size, have, want in zip(spec.shape, grad.stride(), spec.stride)):
         grad = torch.empty_strided(spec.shape, spec.stride, dtype=spec.dtype,
                                    device=spec.device).copy_(grad)
     return grad

@@ -23,7 +23,10 @@ import torch.fx
 from kiln._util import is_hashable
 
 from kiln.autograd import _compat
+from kiln.autograd.backward import BackwardTrace, SavedTensorModified
 from kiln.autograd.decompositions import keeps
+from kiln.autograd.mutation import (MutationWatch, StandIns, SyntheticBase, alias_groups,
+                                    mutated_arg_positions)
 from kiln.errors import KilnError
 
 __all__ = [
@@ -69,8 +72,12 @@ class OutputInfo:
     kind: "tensor" (computed by the graph), "input" (is primal `index` itself), "input_view"
     (aliases primal `index`; the runtime regenerates it from the input with `view`'s geometry),
     "duplicate" (the same tensor as output `index`), "constant" (a Python value, `value`).
-    `requires_grad`: autograd sees it as differentiable; `tangent`: its tangent index in the joint
-    graph, or None."""
+    "mutation" (the new value of mutated primal `index`; in `JointGraph.input_mutations`).
+    `requires_grad`: autograd sees it as differentiable (for a mutation: the write carries
+    autograd history, so the runtime writes it back under autograd); `tangent`: its tangent index
+    in the joint graph, or None. `backward_error`: eager's backward through this output raises
+    this message (a tensor it saved was written in place later); it gets no tangent and the
+    compiled backward raises the same error when a gradient reaches it."""
 
     kind: str
     requires_grad: bool = False
@@ -78,6 +85,7 @@ class OutputInfo:
     view: TensorSpec | None = None
     tangent: int | None = None
     value: Any = None
+    backward_error: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,9 +102,15 @@ class JointGraph:
     meta["user_location"] where the capture graph knew it. No op in gm mutates.
 
     outputs: one OutputInfo per flattened captured-graph output (`output_spec` rebuilds the
-    structure); tangent_specs: the layout each tangent was traced with (the runtime coerces the
-    incoming gradients to it). static_input_indices: primals alive anyway (parameters, buffers,
-    module attributes; never a mutated input), free for the partitioner to save."""
+    structure); input_mutations: one OutputInfo (kind "mutation") per entry of mutated_inputs;
+    tangents are numbered over the outputs first, then the mutations; tangent_specs: the layout
+    each tangent was traced with (the runtime coerces the incoming gradients to it).
+    static_input_indices: primals alive anyway (parameters, buffers, module attributes; never a
+    mutated input), free for the partitioner to save.
+    synthetic_bases: extra primals after the lifted attributes, one per group of inputs that
+    share a storage and of which one is written (`mutation.SyntheticBase`); the graph reads
+    the members through their base only, and the runtime passes each base (built from the
+    call's members) after the other inputs."""
 
     gm: torch.fx.GraphModule
     num_fw_outputs: int
@@ -106,11 +120,13 @@ class JointGraph:
     training: bool = True
     mutated_inputs: tuple[int, ...] = ()
     outputs: tuple[OutputInfo, ...] = ()
+    input_mutations: tuple[OutputInfo, ...] = ()
     tangent_specs: tuple[TensorSpec, ...] = ()
     output_spec: Any = None
     input_sources: tuple[str | None, ...] = ()
     lifted_attrs: tuple[str, ...] = ()
     static_input_indices: tuple[int, ...] = ()
+    synthetic_bases: tuple[SyntheticBase, ...] = ()
 
     @property
     def num_user_outputs(self) -> int:
@@ -118,19 +134,6 @@ class JointGraph:
 
 
 # -- the tracer ------------------------------------------------------------------------------------
-
-_write_args_cache: dict[Any, tuple[int, ...]] = {}
-
-
-def mutated_arg_positions(op: _compat.OpOverload) -> tuple[int, ...]:
-    """Positions of the schema arguments `op` writes to (`Tensor(a!)`)."""
-    found = _write_args_cache.get(op)
-    if found is None:
-        found = tuple(i for i, arg in enumerate(_compat.schema(op).arguments)
-                      if arg.alias_info is not None and arg.alias_info.is_write)
-        _write_args_cache[op] = found
-    return found
-
 
 def _bound_args(op: _compat.OpOverload, args: tuple, kwargs: dict) -> list[Any]:
     values = list(args)
@@ -323,7 +326,10 @@ def _tensors(value: Any) -> list[torch.Tensor]:
 @dataclasses.dataclass
 class RawTrace:
     """Stage 1's result: a mutating ATen graph `(*primals, *tangents) -> (*tensor outputs,
-    *input grads)` (no grads without tangents) plus what stage 2 and the runtime need."""
+    *new values of returned_inputs, *input grads)` (no grads when not training) plus what stage
+    2 and the runtime need. `mutations`: the mutated inputs whose write carries autograd history
+    (OutputInfo kind "mutation"); `returned_inputs`: inputs the program wrote through a clone
+    (`mutation.StandIns`), whose new values stage 2 reads from the outputs, not from a copy_."""
 
     gm: torch.fx.GraphModule
     constants: dict[str, torch.Tensor]
@@ -338,10 +344,10 @@ class RawTrace:
     input_sources: tuple[str | None, ...]
     lifted_attrs: tuple[str, ...]
     static_inputs: tuple[int, ...]
-
-    @property
-    def training(self) -> bool:
-        return bool(self.tangents)
+    training: bool = False
+    mutations: dict[int, OutputInfo] = dataclasses.field(default_factory=dict)
+    returned_inputs: tuple[int, ...] = ()
+    synthetic_bases: tuple[SyntheticBase, ...] = ()
 
 
 def trace_joint(gm: torch.fx.GraphModule, example_inputs: list, *,
@@ -378,50 +384,84 @@ def lifted_attributes(gm: torch.fx.GraphModule) -> list[tuple[str, torch.Tensor]
     return [(name, value) for name, value in named if value is not None]
 
 
-def trace_raw(gm: torch.fx.GraphModule, example_inputs: list, *, training: bool) -> RawTrace:
+def trace_raw(gm: torch.fx.GraphModule, example_inputs: list, *, training: bool,
+              probe: bool = False, groups: tuple[tuple[int, ...], ...] = ()) -> RawTrace:
     """Stage 1: replay `gm` on fake copies of the inputs under the tracer and, for training, call
-    autograd.grad inside the trace."""
+    autograd.grad inside the trace. Traced again, with `groups`, when inputs that share a
+    storage are written (`mutation.SyntheticBase`); with `probe`, when the backward reads a
+    tensor the program overwrote after autograd saved it (`backward.backward_errors`)."""
     lifted = lifted_attributes(gm)
     reals = [*example_inputs, *(value for _, value in lifted)]
     if any(not isinstance(real, torch.Tensor) for real in reals):
         kinds = sorted({type(r).__name__ for r in reals if not isinstance(r, torch.Tensor)})
         raise AutogradUnsupported(f"graph inputs that are not tensors ({', '.join(kinds)})",
                                   hint="the graph runs eagerly instead")
+    bases = tuple(SyntheticBase.of(len(reals) + k, group, reals) for k, group in enumerate(groups))
     fake_mode = _compat.new_fake_mode()
     tracer = ATenTracer(fake_mode)
-    primals = [_fake_input(fake_mode, real, training) for real in reals]
+    traced = [*reals, *(base.build(reals) for base in bases)]
+    primals = [_fake_input(fake_mode, real, training) for real in traced]
     requires_grad = [p.requires_grad for p in primals]
-    for i, primal in enumerate(primals):
-        tracer.placeholder(f"primals_{i}", primal)
-    watch = _MutationWatch(primals, requires_grad)
-    tracer.on_mutation = watch
+    nodes = [tracer.placeholder(f"primals_{i}", p) for i, p in enumerate(primals)]
+    stand_ins = StandIns(primals, traced, bases)
     if training:
         tracer.backward_provenance = {}
-    attrs = _attr_map(lifted, primals[len(example_inputs):])
-    tangents: list[torch.Tensor] = []
-    grads: list[Any] = [None] * len(primals)
+    with fake_mode, tracer, torch.set_grad_enabled(training):
+        stand_ins.make(tracer, training)
+    watch = tracer.on_mutation = MutationWatch(stand_ins)
+    attrs = _attr_map(lifted, stand_ins.tensors[len(example_inputs):])
+    backward = BackwardTrace(tracer, primals, requires_grad, probe)
     try:
         with fake_mode, tracer, _compat.original_view_tracking(), _compat.python_dispatcher(), \
                 torch.set_grad_enabled(training):
-            out = _Replay(gm, tracer, attrs).run(*primals[:len(example_inputs)])
+            out = _Replay(gm, tracer, attrs).run(*stand_ins.tensors[:len(example_inputs)])
             flat, spec = _compat.tree_flatten(out)
-            watch.check_after_forward()
-            outputs, diff = _classify_outputs(flat, primals)
-            if training and diff:
-                tangents = _make_tangents(tracer, diff)
-                grads = _grads(diff, tangents, primals, requires_grad)
+            if not bases:
+                _check_aliased_writes(reals, watch.mutated)
+            outputs = _classify_outputs(flat, stand_ins)
+            mutations = {i: OutputInfo("mutation", True, index=i)
+                         for i in sorted(watch.mutated - stand_ins.members) if stand_ins.tracked(i)}
+            if training:
+                outputs = backward.run(flat, outputs, mutations, stand_ins)
+    except _AliasedWrites as found:
+        return trace_raw(gm, example_inputs, training=training, probe=probe, groups=found.groups)
+    except SavedTensorModified:
+        return trace_raw(gm, example_inputs, training=training, probe=True, groups=groups)
     except Exception as err:
         if watch.refusals:
             raise AutogradUnsupported(watch.refusals[0], hint=_REFUSAL_HINT) from err
         raise
-    watch.raise_refusals()
+    if watch.refusals:
+        raise AutogradUnsupported(watch.refusals[0], hint=_REFUSAL_HINT)
     tensor_outs = [flat[k] for k, info in enumerate(outputs) if info.kind != "constant"]
-    sources = _sources(gm, lifted)
-    tracer.graph.output(tracer.to_nodes((*tensor_outs, *(grads if tangents else ()))))
-    specs = tuple(TensorSpec.of(t) for t in tangents)
-    return RawTrace(tracer.graph_module(), dict(tracer.constants), fake_mode, primals, tangents,
-                    requires_grad, outputs, spec, specs, watch.mutated, sources,
-                    tuple(name for name, _ in lifted), _static_inputs(reals, sources, len(lifted)))
+    returned = tuple(sorted(i for i in stand_ins.cloned if i in watch.mutated))
+    tracer.graph.output(tracer.to_nodes((*tensor_outs, *(stand_ins.tensors[i] for i in returned),
+                                         *(backward.grads if backward.needed else ()))))
+    stand_ins.drop_unwritten(nodes, watch.mutated)
+    sources = _sources(gm, lifted, bases)
+    return RawTrace(tracer.graph_module(), dict(tracer.constants), fake_mode, primals,
+                    backward.tangents, requires_grad, tuple(outputs), spec,
+                    tuple(TensorSpec.of(t) for t in backward.tangents), watch.mutated, sources,
+                    tuple(name for name, _ in lifted), _static_inputs(reals, sources, len(lifted)),
+                    training=backward.needed, mutations=mutations, returned_inputs=returned,
+                    synthetic_bases=bases)
+
+
+class _AliasedWrites(Exception):
+    def __init__(self, groups: tuple[tuple[int, ...], ...]) -> None:
+        super().__init__()
+        self.groups = groups
+
+
+def _check_aliased_writes(reals: list, written: set[int]) -> None:
+    """Inputs sharing a storage with a written one: trace again through a synthetic base, or
+    refuse when that cannot follow eager (see mutation.alias_groups)."""
+    groups, refusal = alias_groups(reals, {i for i in written if i < len(reals)})
+    if refusal is not None:
+        raise AutogradUnsupported(refusal, hint="the graph runs eagerly instead; pass separate "
+                                                "tensors, or clone one")
+    if groups:
+        raise _AliasedWrites(tuple(groups))
 
 
 _REFUSAL_HINT = ("the graph runs eagerly instead; move the mutation out of the compiled region "
@@ -443,9 +483,13 @@ def _attr_map(lifted: list[tuple[str, torch.Tensor]], fakes: list) -> dict[str, 
     return attrs
 
 
-def _sources(gm: torch.fx.GraphModule, lifted: list) -> tuple[str | None, ...]:
+def _sources(gm: torch.fx.GraphModule, lifted: list,
+             bases: tuple[SyntheticBase, ...]) -> tuple[str | None, ...]:
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    return (*(n.meta.get("source", n.name) for n in placeholders), *(name for name, _ in lifted))
+    sources = (*(n.meta.get("source", n.name) for n in placeholders),
+               *(name for name, _ in lifted))
+    return (*sources, *(f"<memory of {', '.join(str(sources[m]) for m in base.members)}>"
+                        for base in bases))
 
 
 def _static_inputs(reals: list, sources: tuple, num_lifted: int) -> tuple[int, ...]:
@@ -505,62 +549,13 @@ class _Replay(torch.fx.Interpreter):
         return torch.func.functional_call(module, state, args, kwargs)
 
 
-class _MutationWatch:
-    """Called by the tracer for every op that writes to an argument; notes which inputs change
-    and collects the reasons to refuse the graph (reported after the trace, never raised from the
-    dispatch handler)."""
-
-    def __init__(self, primals: list, requires_grad: list[bool]) -> None:
-        self.primals = primals
-        self.requires_grad = requires_grad
-        self.storages: dict[Any, list[int]] = {}
-        for i, p in enumerate(primals):
-            self.storages.setdefault(_compat.storage_key(p), []).append(i)
-        self.mutated: set[int] = set()
-        self.refusals: list[str] = []
-
-    def __call__(self, op: _compat.OpOverload, bound: list) -> None:
-        for position in mutated_arg_positions(op):
-            target = bound[position]
-            if not isinstance(target, torch.Tensor):
-                continue
-            hit = self.storages.get(_compat.storage_key(target), [])
-            if not hit:
-                continue
-            self.mutated.update(hit)
-            if op.namespace not in ("aten", "prims"):
-                self.refuse(f"custom op {op} mutates input {self._name(hit[0])}")
-            elif torch.Tag.inplace_view in op.tags or _compat.schema(op).name in (
-                    "aten::set_", "aten::resize_"):
-                self.refuse(f"{op} changes the shape or strides of input {self._name(hit[0])}")
-
-    def check_after_forward(self) -> None:
-        for i in sorted(self.mutated):
-            if self.requires_grad[i]:
-                self.refuse(f"input {self._name(i)} requires grad and is mutated in place")
-            elif self.primals[i].requires_grad:
-                self.refuse(f"input {self._name(i)} is mutated in place with a value that "
-                            "requires grad")
-
-    def refuse(self, reason: str) -> None:
-        if reason not in self.refusals:
-            self.refusals.append(reason)
-
-    def raise_refusals(self) -> None:
-        if self.refusals:
-            raise AutogradUnsupported(self.refusals[0], hint=_REFUSAL_HINT)
-
-    def _name(self, index: int) -> str:
-        return f"primals_{index}"
-
-
-def _classify_outputs(flat: list, primals: list) -> tuple[tuple[OutputInfo, ...], list]:
-    """One OutputInfo per flattened output; also the outputs that receive tangents."""
+def _classify_outputs(flat: list, stand_ins: StandIns) -> list[OutputInfo]:
+    """One OutputInfo per flattened output (tangents are numbered later, by BackwardTrace)."""
     by_storage: dict[Any, int] = {}
-    for i, p in enumerate(primals):
-        by_storage.setdefault(_compat.storage_key(p), i)
+    for tensors in (stand_ins.tensors, stand_ins.primals):
+        for i, t in enumerate(tensors):
+            by_storage.setdefault(_compat.storage_key(t), i)
     infos: list[OutputInfo] = []
-    diff: list[torch.Tensor] = []
     seen: dict[int, int] = {}
     for k, out in enumerate(flat):
         if not isinstance(out, torch.Tensor):
@@ -571,55 +566,24 @@ def _classify_outputs(flat: list, primals: list) -> tuple[tuple[OutputInfo, ...]
             infos.append(OutputInfo("duplicate", rg, index=seen[id(out)]))
             continue
         seen[id(out)] = k
-        primal = next((i for i, p in enumerate(primals) if p is out), None)
+        primal = next((i for i, t in enumerate(stand_ins.tensors) if t is out), None)
         if primal is not None:
             infos.append(OutputInfo("input", rg, index=primal))
         elif _compat.storage_key(out) in by_storage:
-            infos.append(OutputInfo("input_view", rg, index=by_storage[_compat.storage_key(out)],
-                                    view=TensorSpec.of(out)))
-        elif rg:
-            infos.append(OutputInfo("tensor", True, tangent=len(diff)))
-            diff.append(out)
+            i = by_storage[_compat.storage_key(out)]
+            infos.append(OutputInfo("input_view", rg, index=i, view=_input_view(stand_ins, i, out)))
         else:
-            infos.append(OutputInfo("tensor", False))
-    return tuple(infos), diff
+            infos.append(OutputInfo("tensor", rg))
+    return infos
 
 
-def _make_tangents(tracer: ATenTracer, diff: list[torch.Tensor]) -> list[torch.Tensor]:
-    tracer.paused = True
-    try:
-        tangents = [torch.empty_strided(o.shape, _tangent_strides(o), dtype=o.dtype,
-                                        device=o.device) for o in diff]
-    finally:
-        tracer.paused = False
-    for j, t in enumerate(tangents):
-        tracer.placeholder(f"tangents_{j}", t)
-    return tangents
-
-
-def _tangent_strides(t: torch.Tensor) -> tuple[int, ...]:
-    """The output's strides when it is dense (a permutation of a contiguous layout), else
-    contiguous strides: gradients of expanded or overlapping outputs are made dense."""
-    shape, stride = tuple(t.shape), tuple(t.stride())
-    expected = 1
-    for d in sorted(range(t.dim()), key=lambda d: stride[d]):
-        if shape[d] == 1:
-            continue
-        if stride[d] != expected:
-            return _contiguous_strides(shape)
-        expected *= shape[d]
-    return stride
-
-
-def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, running = [], 1
-    for size in reversed(shape):
-        strides.append(running)
-        running *= max(size, 1)
-    return tuple(reversed(strides))
-
-
-def _grads(diff: list, tangents: list, primals: list, requires_grad: list[bool]) -> list[Any]:
-    wrt = [p for p, rg in zip(primals, requires_grad) if rg]
-    got = iter(torch.autograd.grad(diff, wrt, tangents, allow_unused=True) if wrt else ())
-    return [next(got) if rg else None for rg in requires_grad]
+def _input_view(stand_ins: StandIns, i: int, out: torch.Tensor) -> TensorSpec:
+    """Where output `out` lies in input i's storage (the runtime views the real input so)."""
+    spec = TensorSpec.of(out)
+    if i not in stand_ins.cloned:
+        return spec
+    if not stand_ins.same_layout(i):
+        raise AutogradUnsupported(
+            f"an output is a view of input primals_{i}, which is written in place and whose "
+            "layout a clone does not keep", hint="the graph runs eagerly instead")
+    return dataclasses.replace(spec, storage_offset=stand_ins.input_offset(i, spec.storage_offset))

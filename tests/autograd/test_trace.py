@@ -269,26 +269,67 @@ def test_metadata_queries_are_not_recorded():
 
 # -- refusals ------------------------------------------------------------------------------------
 
-def test_refuses_mutated_input_that_requires_grad():
+def test_leaf_requiring_grad_written_under_no_grad_is_a_plain_input_mutation():
     def fn(w, x):
         with torch.no_grad():
             w.add_(1)
         return w * x
 
     gm, inputs = captured(fn, torch.randn(3, requires_grad=True), torch.randn(3))
-    with pytest.raises(AutogradUnsupported,
-                       match=r"^\[kiln.autograd\] input primals_0 requires grad and is mutated"):
-        trace_joint(gm, inputs)
+    joint = trace_joint(gm, inputs)
+    assert joint.mutated_inputs == (0,)
+    (mutation,) = joint.input_mutations
+    assert (mutation.kind, mutation.index, mutation.requires_grad) == ("mutation", 0, False)
+    assert mutation.tangent is None and joint.num_tangents == 1
 
 
-def test_refuses_mutation_carrying_gradient():
+def test_mutation_carrying_gradient_gets_a_tangent():
     def fn(buf, x):
         buf.copy_(x * 2)
         return buf + 1
 
     gm = torch.fx.symbolic_trace(fn)
-    with pytest.raises(AutogradUnsupported, match="mutated in place with a value that requires"):
-        trace_joint(gm, [torch.randn(3), torch.randn(3, requires_grad=True)])
+    joint = trace_joint(gm, [torch.randn(3), torch.randn(3, requires_grad=True)])
+    assert joint.mutated_inputs == (0,)
+    (mutation,) = joint.input_mutations
+    assert mutation.requires_grad and mutation.tangent == 1  # after the output's tangent 0
+    assert placeholders(joint) == ["primals_0", "primals_1", "tangents_0", "tangents_1"]
+
+
+def test_non_leaf_input_written_in_place_is_cloned_first():
+    """A non-leaf input that requires grad is written through a clone: the gradient with respect
+    to the input is taken before the write; an input nothing writes is read directly."""
+    def fn(a, b):
+        a.mul_(b)
+        return a + b
+
+    gm = torch.fx.symbolic_trace(fn)
+    a, b = torch.randn(3, requires_grad=True) * 1, torch.randn(3, requires_grad=True) * 1
+    joint = trace_joint(gm, [a, b])
+    assert joint.mutated_inputs == (0,)
+    assert joint.input_mutations[0].requires_grad
+    clones = [n for n in joint.gm.graph.nodes if n.target is aten.clone.default]
+    assert [str(n.args[0]) for n in clones if n.args[0].op == "placeholder"] == ["primals_0"]
+    untouched = trace_joint(torch.fx.symbolic_trace(lambda a, b: a * b), [a, b])
+    assert aten.clone.default not in call_targets(untouched)
+
+
+def test_overwritten_saved_tensor_keeps_eagers_backward_error():
+    """sin saves its input; writing that input afterwards makes eager's backward raise. The
+    output whose backward reads it gets the error and no tangent; the other one trains."""
+    def fn(x, w):
+        t = x * w
+        s = t.sin()
+        t.add_(1)
+        return s, t * 2
+
+    gm = torch.fx.symbolic_trace(fn)
+    joint = trace_joint(gm, [torch.randn(3), torch.randn(3, requires_grad=True)])
+    poisoned, healthy = joint.outputs
+    assert "modified by an inplace operation" in poisoned.backward_error
+    assert poisoned.requires_grad and poisoned.tangent is None
+    assert healthy.backward_error is None and healthy.tangent == 0
+    assert joint.num_tangents == 1
 
 
 def test_refuses_metadata_mutation_of_an_input():
@@ -297,15 +338,33 @@ def test_refuses_metadata_mutation_of_an_input():
         trace_inference(gm, [torch.randn(2, 3)])
 
 
-def test_refuses_mutated_inputs_sharing_memory():
+def test_written_inputs_sharing_memory_are_read_through_a_synthetic_base():
     def fn(a, b):
         a.mul_(2)
         return a + b
 
     gm = torch.fx.symbolic_trace(fn)
-    base = torch.randn(4)
+    base = torch.randn(6)
+    joint = trace_inference(gm, [base[:4], base[2:]])
+    (synthetic,) = joint.synthetic_bases
+    assert (synthetic.index, synthetic.members, synthetic.offset, synthetic.size) == (2, (0, 1),
+                                                                                      0, 6)
+    assert placeholders(joint) == ["primals_0", "primals_1", "primals_2"]
+    assert joint.mutated_inputs == (2,)
+    users = {n.name: len(n.users) for n in joint.gm.graph.nodes if n.op == "placeholder"}
+    assert users["primals_0"] == users["primals_1"] == 0  # members are read through the base
+    assert aten.as_strided.default in call_targets(joint)
+
+
+def test_refuses_written_inputs_sharing_memory_that_require_grad():
+    def fn(a, b):
+        a.mul_(2)
+        return a + b
+
+    gm = torch.fx.symbolic_trace(fn)
+    base = torch.randn(4, requires_grad=True) * 1
     with pytest.raises(AutogradUnsupported, match="shares memory with input primals_1"):
-        trace_inference(gm, [base, base[:4]])
+        trace_joint(gm, [base, base[:4]])
 
 
 def test_refuses_non_tensor_inputs():
