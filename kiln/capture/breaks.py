@@ -220,7 +220,9 @@ def route_only(fn: types.FunctionType, settings: CompileSettings) -> Callable:
     """`fn` with every call site sending its callable through `route` (no graph of its own).
 
     Method-form loads become plain loads plus a NULL, so every call has [NULL, callable, args];
-    each `CALL n` then packs its arguments and calls `routed_call(callable, args, kwnames)`."""
+    each `CALL n` then checks the callable's type inline: C callables (most calls: tensor
+    methods, torch ops, builtins) are called natively, others are packed with their arguments
+    into `routed_call(callable, args, kwnames)`."""
     key = (fn.__code__, settings.key())
     new_code = _route_only_codes.get(key)
     if new_code is None:
@@ -253,13 +255,26 @@ def _build_route_only_code(code: types.CodeType, router: Callable) -> types.Code
             out.extend(_route_call_ex(inst, router))
         elif inst.opname == "CALL" and not _is_with_exit_call(out) and \
                 not _is_comprehension_call(out) and not _is_zero_arg_super(out):
-            nargs, kwnames = inst.argval
-            tail = [emit.load_const(router), emit.swap(3), emit.swap(2),
-                    emit.load_const(tuple(kwnames)), emit.call(3)]
-            # keep the CALL's identity (jump targets, exception entry): it becomes BUILD_TUPLE
-            inst.opname, inst.arg, inst.argval = "BUILD_TUPLE", nargs, nargs
-            out.extend(_like(inst, tail))
+            out.extend(_route_call(inst, router))
     return assemble(out, code)
+
+
+_NEVER_ROUTED_SET = frozenset(_NEVER_ROUTED)
+
+
+def _route_call(inst: Instr, router: Callable) -> list[Instr]:
+    """[NULL, f, args] CALL n: `type(f) in _NEVER_ROUTED_SET` decides, inline, between the
+    native CALL and `router(f, (args), kwnames)`. `inst` (already emitted) keeps its identity
+    (jump targets, exception entry): it becomes the PUSH_NULL that starts the check."""
+    nargs, kwnames = inst.argval
+    native, packed, join = emit.call(nargs, kwnames), emit.build_tuple(nargs), emit.nop()
+    inst.opname, inst.arg, inst.argval = "PUSH_NULL", None, None
+    check = [emit.load_const(type), emit.copy(nargs + 3), emit.call(1),
+             emit.load_const(_NEVER_ROUTED_SET), Instr("CONTAINS_OP", 0, 0),
+             emit.pop_jump_if(False, packed), native, emit.jump(join)]
+    routed = [packed, emit.load_const(router), emit.swap(3), emit.swap(2),
+              emit.load_const(tuple(kwnames)), emit.call(3), join]
+    return _like(inst, check + routed)
 
 
 def _routed_call_ex(settings: CompileSettings, operands: tuple) -> Any:
