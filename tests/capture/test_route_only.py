@@ -18,13 +18,13 @@ from kiln.capture import breaks, skip
 def routed(monkeypatch):
     """The callables route-only code handed to the router, in call order."""
     seen = []
-    call = breaks._routed_call
+    call = breaks.Router.call
 
-    def counting(settings, fn, args, kwnames):
+    def counting(router, fn, args, kwnames):
         seen.append(fn)
-        return call(settings, fn, args, kwnames)
+        return call(router, fn, args, kwnames)
 
-    monkeypatch.setattr(breaks, "_routed_call", counting)
+    monkeypatch.setattr(breaks.Router, "call", counting)
     return seen
 
 

@@ -3,8 +3,8 @@ while that reaches compiled graphs, and its original code once `skip.QUIET_PROBE
 none (`kiln/capture/skip.py`), so a model kiln cannot capture costs eager's time plus one check.
 
 Each test compares with eager on fresh random inputs and counts what kiln did: capture attempts
-(a counting wrapper around `convert._capture_with_break`), routed callables (a counting wrapper
-around `breaks._route`) and graph runs (a backend whose compiled graphs count their calls).
+(a counting wrapper around `convert._capture_with_break`), routed calls (counting wrappers around
+`breaks.Router.call` and `call_ex`) and graph runs (a backend whose compiled graphs count their calls).
 """
 
 from __future__ import annotations
@@ -39,20 +39,24 @@ class GraphRunCounter:
 
 @pytest.fixture
 def counts(monkeypatch):
-    """`counts["captures"]`: capture attempts; `counts["routes"]`: callables routed by kiln."""
+    """`counts["captures"]`: capture attempts; `counts["routes"]`: calls route-only code sent
+    through the router (calls of user code and Python library code)."""
     found = {"captures": 0, "routes": 0}
-    capture, route = convert._capture_with_break, breaks._route
+    capture = convert._capture_with_break
 
     def counting_capture(*args, **kwargs):
         found["captures"] += 1
         return capture(*args, **kwargs)
 
-    def counting_route(*args, **kwargs):
-        found["routes"] += 1
-        return route(*args, **kwargs)
+    def counting(method):
+        def count(*args, **kwargs):
+            found["routes"] += 1
+            return method(*args, **kwargs)
+        return count
 
     monkeypatch.setattr(convert, "_capture_with_break", counting_capture)
-    monkeypatch.setattr(breaks, "_route", counting_route)
+    monkeypatch.setattr(breaks.Router, "call", counting(breaks.Router.call))
+    monkeypatch.setattr(breaks.Router, "call_ex", counting(breaks.Router.call_ex))
     return found
 
 
