@@ -170,7 +170,8 @@ class Dispatcher:
     `slow` is the positional path that tries every entry in MRU order, then misses.
     `skipped` (user's signature) serves a frame capture gave up on: the original function when
     the frame's probes found no graph beneath it for this first argument (module instance) at
-    this module version, else `probe`, which runs the route-only copy and decides."""
+    this module version, the route-only copy when they found one, else `probe`, which runs the
+    route-only copy and decides (`skip.SkipDecisions`)."""
 
     variants: dict[int, Callable]
     empty: Callable
@@ -185,8 +186,8 @@ class Dispatcher:
 
 
 def build_dispatcher(cache: CodeCache, fn: types.FunctionType, slow: Callable[..., Any],
-                     fallback: Callable, probe: Callable[..., Any],
-                     dead: dict[int, int]) -> Dispatcher:
+                     fallback: Callable, probe: Callable[..., Any], dead: dict[int, int],
+                     live: set[int]) -> Dispatcher:
     """Generate and exec the dispatch code for `fn` over the cache's current entries."""
     params = ", ".join(cache.params)
     signature = signature_source(cache.code)
@@ -194,7 +195,7 @@ def build_dispatcher(cache: CodeCache, fn: types.FunctionType, slow: Callable[..
     namespace: dict[str, Any] = {
         **AMBIENT_NAMESPACE, **cache.consts.namespace(), "__G": fn.__globals__,
         "__cells": fn.__closure__, "__modver": MODULE_VERSION, "__slow": slow, "__orig": fn,
-        "__fallback_fn": fallback, "__probe": probe, "__dead": dead, "__Module": torch.nn.Module,
+        "__fallback_fn": fallback, "__probe": probe, "__dead": dead, "__live": live, "__Module": torch.nn.Module,
         "__id": id, "__isinstance": isinstance, "__graph_runs": GRAPH_RUNS,
     }
     for i, entry in enumerate(cache.entries):
@@ -221,8 +222,11 @@ def build_dispatcher(cache: CodeCache, fn: types.FunctionType, slow: Callable[..
     lines.append(f"def __fallback({params}):")
     lines.append(f"    return __fallback_fn({call_source(cache.code)})")
     lines.append(f"def __skipped({signature}):")
-    lines.append(f"    if __dead.get({dead_key_source(cache.code)}) == __modver[0]:")
+    lines.append(f"    __kiln_key = {dead_key_source(cache.code)}")
+    lines.append("    if __dead.get(__kiln_key) == __modver[0]:")
     lines.append(f"        return __orig({call_source(cache.code)})")
+    lines.append("    if __kiln_key in __live:")
+    lines.append(f"        return __fallback_fn({call_source(cache.code)})")
     lines.append(f"    return __probe({params})")
     source = "\n".join(lines) + "\n"
     exec(compile(source, f"<kiln dispatcher for {fn.__qualname__}>", "exec"), namespace)  # noqa: S102

@@ -76,7 +76,7 @@ class CompiledFunction:
         with _lock:
             self.dispatcher = build_dispatcher(self.cache, self.fn, self.slow,
                                                self._fallback_fn(), self.probe,
-                                               self.skips.dead)
+                                               self.skips.dead, self.skips.live)
             self.version = self.cache.version
             self._point_at_first()
 
