@@ -15,6 +15,7 @@ keeps moving the counter itself stops re-probing after `config.recompile_limit` 
 from __future__ import annotations
 
 import functools
+import inspect
 import types
 import weakref
 from typing import Any, Callable
@@ -26,6 +27,9 @@ from kiln.config import config
 __all__ = ["QUIET_PROBES", "SkipDecisions"]
 
 QUIET_PROBES = 2  # route-only runs without a graph beneath before the frame is skipped
+# Calling these returns before their body runs, so a probe around the call sees nothing: they
+# keep their route-only copy (their bodies route while they are iterated or awaited).
+_LAZY_FLAGS = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
 
 
 class SkipDecisions:
@@ -37,6 +41,7 @@ class SkipDecisions:
 
     def __init__(self, code: types.CodeType) -> None:
         self.code = code
+        self.lazy = bool(code.co_flags & _LAZY_FLAGS)
         self.dead: dict[int, int] = {}
         self.quiet: dict[int, int] = {}
         self.live: set[int] = set()
@@ -49,6 +54,10 @@ class SkipDecisions:
         being probed or found to reach graphs, `original` once it is skipped."""
         key = dead_key(self.code, values)
         if key in self.live:
+            return routed(*values)
+        if self.lazy:
+            self._watch(key, values)
+            self.live.add(key)
             return routed(*values)
         if key in self.dead:
             if self.dead[key] == MODULE_VERSION[0]:

@@ -278,3 +278,34 @@ def test_hf_t5_forced_uncapturable_runs_eager_code(monkeypatch, counts):
                 captures, routes = counts["captures"], counts["routes"]
     assert captures > 5 and routes > 50
     assert (counts["captures"], counts["routes"]) == (captures, routes)
+
+
+def doubled(xs):
+    for x in xs:
+        kiln.graph_break()  # a break inside a loop: capture gives up on this generator
+        yield scale_up(x)
+
+
+def scale_up(x):
+    return x * 2 + 1
+
+
+def sum_doubled(xs):
+    total = 0
+    for y in doubled(xs):  # the call of doubled is routed: kiln compiles the generator
+        kiln.graph_break()
+        total = total + y
+    return total
+
+
+def test_a_generator_keeps_routing_while_iterated():
+    """Calling a generator function runs none of its body, so probing around the call would see
+    no graph: generators keep their route-only copy, and what they call is compiled."""
+    backend = GraphRunCounter()
+    compiled = kiln.compile(sum_doubled, backend=backend)
+    calls = skip.QUIET_PROBES + 3
+    for _ in range(calls):
+        xs = [torch.randn(4) for _ in range(2)]
+        assert_same_structure_and_values(sum_doubled(xs), compiled(xs))
+    assert backend.count == 1  # scale_up
+    assert backend.runs == 2 * calls
