@@ -8,7 +8,9 @@ instruction; it takes the stack values and live locals as arguments and is itsel
 kiln, once per break point (cached here by its layout).
 
 Where resuming is unsafe (inside a loop or a `try`, or with cells the resume cannot share), the
-caller falls back to running the whole function eagerly, with the reason recorded.
+function has no graph of its own and runs a route-only copy (`route_only`): its calls of user
+code go through a `Router`, so what it calls is still compiled; `skip.py` drops that copy for
+the original code where nothing beneath the frame is compiled.
 """
 from __future__ import annotations
 
