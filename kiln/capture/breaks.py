@@ -8,7 +8,9 @@ instruction; it takes the stack values and live locals as arguments and is itsel
 kiln, once per break point (cached here by its layout).
 
 Where resuming is unsafe (inside a loop or a `try`, or with cells the resume cannot share), the
-caller falls back to running the whole function eagerly, with the reason recorded.
+function has no graph of its own and runs a route-only copy (`route_only`): its calls of user
+code go through a `Router`, so what it calls is still compiled; `skip.py` drops that copy for
+the original code where nothing beneath the frame is compiled.
 """
 from __future__ import annotations
 
@@ -26,8 +28,8 @@ from kiln.capture.unsupported import unsupported
 if TYPE_CHECKING:
     from kiln.capture.convert import CompileSettings
 
-__all__ = ["STACK_PREFIX", "ResumeLayout", "check_resumable", "resume_function", "route",
-           "route_only", "CONTEXT_FACTORIES"]
+__all__ = ["STACK_PREFIX", "ResumeLayout", "Router", "check_resumable", "resume_function",
+           "route", "route_only", "router_for", "CONTEXT_FACTORIES"]
 
 STACK_PREFIX = "___stack"  # resume arguments holding stack values (dead once the prefix ran)
 _BRANCHES = ("POP_JUMP_IF_TRUE", "POP_JUMP_IF_FALSE", "POP_JUMP_IF_NONE", "POP_JUMP_IF_NOT_NONE")
@@ -106,8 +108,7 @@ def clear_break_caches() -> None:
     _resume_codes.clear()
     _resume_fns.clear()
     _route_only_codes.clear()
-    _routed.clear()
-    _routed_fns.clear()
+    _routers.clear()
 
 
 def _build_resume_code(layout: ResumeLayout) -> types.CodeType:
@@ -158,13 +159,10 @@ CONTEXT_FACTORIES: dict[str, Any] = {
 
 
 # -- routing: calls made natively at a break still go through kiln ------------------------------
-_routed: dict[tuple, Callable] = {}
-
-
 @functools.lru_cache(maxsize=None)
 def _route_deps() -> tuple:
     """route's imports, resolved once: an import statement in a function costs ~4 us per call
-    (importlib's fromlist handling), and route runs at every call site of a route-only frame."""
+    (importlib's fromlist handling), and routing runs at call sites of route-only frames."""
     from kiln.capture.convert import compile_function
     from kiln.capture.module_wrapper import CompiledModule
     from kiln.capture.rules import DISABLED, is_library_module
@@ -172,44 +170,78 @@ def _route_deps() -> tuple:
 
 
 # Callables route() always returns unchanged: C functions and methods (tensor methods, torch
-# ops, builtins). Checked by exact type first: route runs at every call site of a route-only frame.
+# ops, builtins). Checked by exact type first: most calls a route-only frame makes are these.
 _NEVER_ROUTED = (types.BuiltinFunctionType, types.MethodWrapperType,
                  types.WrapperDescriptorType, types.MethodDescriptorType, type)
 
 
+class Router:
+    """Where compiled code sends the callables it calls natively, for one compile settings:
+    user functions, methods and modules to kiln-compiled stand-ins, everything else unchanged.
+
+    Answers are cached per function object and per module instance, so a routed call costs a
+    type test and a dictionary lookup (hashing the settings on every call cost more)."""
+
+    def __init__(self, settings: CompileSettings) -> None:
+        self.settings = settings
+        self.functions: dict[types.FunctionType, Callable] = {}
+        self.modules: dict[int, Any] = {}  # id -> CompiledModule (held until kiln.reset())
+
+    def route(self, value: Any) -> Any:
+        """A kiln-compiled stand-in for a user function, method or module called at a break."""
+        kind = type(value)
+        if kind in _NEVER_ROUTED:
+            return value
+        if kind is types.FunctionType:  # the answer for a function object never changes
+            known = self.functions.get(value)
+            if known is None:
+                known = self.functions[value] = self._resolve(value)
+            return known
+        module = self.modules.get(id(value))
+        if module is not None and module._orig_mod is value:
+            return module
+        return self._resolve(value)
+
+    def _resolve(self, value: Any) -> Any:
+        compile_function, CompiledModule, DISABLED, is_library_module = _route_deps()
+        if id(value) in DISABLED:
+            return value
+        if isinstance(value, types.MethodType) and isinstance(value.__func__, types.FunctionType):
+            return types.MethodType(self.route(value.__func__), value.__self__)
+        if isinstance(value, torch.nn.Module):
+            module = self.modules[id(value)] = CompiledModule(value, self.settings)
+            return module
+        if isinstance(value, types.FunctionType) and not is_library_module(value.__module__ or ""):
+            return compile_function(value, self.settings)
+        return value
+
+    def call(self, fn: Any, args: tuple, kwnames: tuple) -> Any:
+        """A call site of a route-only copy whose callable is not a C callable."""
+        target = self.route(fn)
+        if not kwnames:
+            return target(*args)
+        npos = len(args) - len(kwnames)
+        return target(*args[:npos], **dict(zip(kwnames, args[npos:])))
+
+    def call_ex(self, operands: tuple) -> Any:
+        """`f(*args, **kwargs)` in a route-only copy: operands (f, args[, kwargs])."""
+        fn, args, *kwargs = operands
+        return self.route(fn)(*args, **(kwargs[0] if kwargs else {}))
+
+
+_routers: dict[tuple, Router] = {}
+
+
+def router_for(settings: CompileSettings) -> Router:
+    router = _routers.get(settings.key())
+    if router is None:
+        router = _routers[settings.key()] = Router(settings)
+    return router
+
+
 def route(value: Any, settings: CompileSettings) -> Any:
     """A kiln-compiled stand-in for a user function, method or module called at a break."""
-    kind = type(value)
-    if kind in _NEVER_ROUTED:
-        return value
-    if kind is types.FunctionType:  # the answer for a function object never changes
-        known = _routed_fns.get((value, settings))
-        if known is None:
-            known = _routed_fns[(value, settings)] = _route(value, settings)
-        return known
-    return _route(value, settings)
-
-
-_routed_fns: dict[tuple, Callable] = {}
-
-
-def _route(value: Any, settings: CompileSettings) -> Any:
-    compile_function, CompiledModule, DISABLED, is_library_module = _route_deps()
-    if id(value) in DISABLED:
-        return value
-    if isinstance(value, types.MethodType) and isinstance(value.__func__, types.FunctionType):
-        return types.MethodType(route(value.__func__, settings), value.__self__)
-    if isinstance(value, torch.nn.Module):
-        key = ("module", id(value), settings.key())
-        if key not in _routed or _routed[key]._orig_mod is not value:
-            _routed[key] = CompiledModule(value, settings)
-        return _routed[key]
-    if isinstance(value, types.FunctionType) and not is_library_module(value.__module__ or ""):
-        key = ("fn", value, settings.key())
-        if key not in _routed:
-            _routed[key] = compile_function(value, settings)
-        return _routed[key]
-    return value
+    return router_for(settings).route(value)
 
 
 # -- route-only code: a frame kiln cannot capture still compiles what it calls -------------------
@@ -220,28 +252,21 @@ def route_only(fn: types.FunctionType, settings: CompileSettings) -> Callable:
     """`fn` with every call site sending its callable through `route` (no graph of its own).
 
     Method-form loads become plain loads plus a NULL, so every call has [NULL, callable, args];
-    each `CALL n` then packs its arguments and calls `routed_call(callable, args, kwnames)`."""
+    each `CALL n` then checks the callable's type inline: C callables (most calls: tensor
+    methods, torch ops, builtins) are called natively, others are packed with their arguments
+    into `Router.call(callable, args, kwnames)`."""
     key = (fn.__code__, settings.key())
     new_code = _route_only_codes.get(key)
     if new_code is None:
-        router = functools.partial(_routed_call, settings)
-        new_code = _route_only_codes[key] = _build_route_only_code(fn.__code__, router)
+        new_code = _route_only_codes[key] = _build_route_only_code(fn.__code__,
+                                                                   router_for(settings))
     routed = types.FunctionType(new_code, fn.__globals__, fn.__name__, fn.__defaults__,
                                 fn.__closure__)
     routed.__kwdefaults__ = fn.__kwdefaults__
     return routed
 
 
-def _routed_call(settings: CompileSettings, fn: Any, args: tuple, kwnames: tuple) -> Any:
-    # route()'s first test inlined: most call sites call C code (tensor methods, torch ops)
-    target = fn if type(fn) in _NEVER_ROUTED else route(fn, settings)
-    if not kwnames:
-        return target(*args)
-    npos = len(args) - len(kwnames)
-    return target(*args[:npos], **dict(zip(kwnames, args[npos:])))
-
-
-def _build_route_only_code(code: types.CodeType, router: Callable) -> types.CodeType:
+def _build_route_only_code(code: types.CodeType, router: Router) -> types.CodeType:
     instrs = decode_fresh(code)
     out: list[Instr] = []
     for inst in instrs:
@@ -253,27 +278,34 @@ def _build_route_only_code(code: types.CodeType, router: Callable) -> types.Code
             out.extend(_route_call_ex(inst, router))
         elif inst.opname == "CALL" and not _is_with_exit_call(out) and \
                 not _is_comprehension_call(out) and not _is_zero_arg_super(out):
-            nargs, kwnames = inst.argval
-            tail = [emit.load_const(router), emit.swap(3), emit.swap(2),
-                    emit.load_const(tuple(kwnames)), emit.call(3)]
-            # keep the CALL's identity (jump targets, exception entry): it becomes BUILD_TUPLE
-            inst.opname, inst.arg, inst.argval = "BUILD_TUPLE", nargs, nargs
-            out.extend(_like(inst, tail))
+            out.extend(_route_call(inst, router))
     return assemble(out, code)
 
 
-def _routed_call_ex(settings: CompileSettings, operands: tuple) -> Any:
-    fn, args, *kwargs = operands
-    return route(fn, settings)(*args, **(kwargs[0] if kwargs else {}))
+_NEVER_ROUTED_SET = frozenset(_NEVER_ROUTED)
 
 
-def _route_call_ex(inst: Instr, router: functools.partial) -> list[Instr]:
+def _route_call(inst: Instr, router: Router) -> list[Instr]:
+    """[NULL, f, args] CALL n: `type(f) in _NEVER_ROUTED_SET` decides, inline, between the
+    native CALL and `router.call(f, (args), kwnames)`. `inst` (already emitted) keeps its identity
+    (jump targets, exception entry): it becomes the PUSH_NULL that starts the check."""
+    nargs, kwnames = inst.argval
+    native, packed, join = emit.call(nargs, kwnames), emit.build_tuple(nargs), emit.nop()
+    inst.opname, inst.arg, inst.argval = "PUSH_NULL", None, None
+    check = [emit.load_const(type), emit.copy(nargs + 3), emit.call(1),
+             emit.load_const(_NEVER_ROUTED_SET), Instr("CONTAINS_OP", 0, 0),
+             emit.pop_jump_if(False, packed), native, emit.jump(join)]
+    routed = [packed, emit.load_const(router.call), emit.swap(3), emit.swap(2),
+              emit.load_const(tuple(kwnames)), emit.call(3), join]
+    return _like(inst, check + routed)
+
+
+def _route_call_ex(inst: Instr, router: Router) -> list[Instr]:
     """`f(*args, **kwargs)`: [NULL, f, args, (kwargs)] packed into one tuple and handed to
-    `_routed_call_ex`, which routes `f` (3.11 and 3.12 always push the NULL here)."""
+    `Router.call_ex`, which routes `f` (3.11 and 3.12 always push the NULL here)."""
     count = 3 if inst.arg & 1 else 2
-    ex_router = functools.partial(_routed_call_ex, router.args[0])
     inst.opname, inst.arg, inst.argval = "BUILD_TUPLE", count, count
-    return _like(inst, [emit.load_const(ex_router), emit.swap(2), emit.call(1)])
+    return _like(inst, [emit.load_const(router.call_ex), emit.swap(2), emit.call(1)])
 
 
 def _is_with_exit_call(emitted: list[Instr]) -> bool:

@@ -14,14 +14,21 @@ import types
 import weakref
 from typing import Any, Callable
 
+import torch
+
 from kiln.capture.guards import AMBIENT_NAMESPACE, Constants, Guard
 from kiln.capture.mutation import MODULE_VERSION
 from kiln.diagnostics import GuardFailure, Unsupported
 
-__all__ = ["CacheEntry", "CodeCache", "Dispatcher", "build_dispatcher", "cache_for",
+__all__ = ["CacheEntry", "CodeCache", "Dispatcher", "GRAPH_RUNS", "build_dispatcher", "cache_for",
            "clear_caches", "signature_source", "compiling"]
 
 _local = threading.local()
+
+# Calls of compiled graphs, counted by every entry that has one. A frame with no graph of its own
+# reads it around a run of its route-only copy to learn whether anything it calls is compiled
+# (other threads can only make that look true: the frame then keeps routing, never wrongly skips).
+GRAPH_RUNS = [0]
 
 
 def compiling() -> bool:
@@ -160,7 +167,11 @@ class Dispatcher:
     `variants[e]` has the user's signature and checks entry `e` inline first: pointing the
     compiled function at the variant of the most recently hit entry keeps MRU order without
     regenerating code. `checks[e]` / `entries[e]` are positional (one argument per parameter);
-    `slow` is the positional path that tries every entry in MRU order, then misses."""
+    `slow` is the positional path that tries every entry in MRU order, then misses.
+    `skipped` (user's signature) serves a frame capture gave up on: the original function when
+    the frame's probes found no graph beneath it for this first argument (module instance) at
+    this module version, the route-only copy when they found one, else `probe`, which runs the
+    route-only copy and decides (`skip.SkipDecisions`)."""
 
     variants: dict[int, Callable]
     empty: Callable
@@ -169,12 +180,14 @@ class Dispatcher:
     entries: dict[int, Callable]
     eager: Callable
     fallback: Callable
+    skipped: Callable
     namespace: dict[str, Any]
     source: str
 
 
 def build_dispatcher(cache: CodeCache, fn: types.FunctionType, slow: Callable[..., Any],
-                     fallback: Callable) -> Dispatcher:
+                     fallback: Callable, probe: Callable[..., Any], dead: dict[int, int],
+                     live: set[int]) -> Dispatcher:
     """Generate and exec the dispatch code for `fn` over the cache's current entries."""
     params = ", ".join(cache.params)
     signature = signature_source(cache.code)
@@ -182,13 +195,16 @@ def build_dispatcher(cache: CodeCache, fn: types.FunctionType, slow: Callable[..
     namespace: dict[str, Any] = {
         **AMBIENT_NAMESPACE, **cache.consts.namespace(), "__G": fn.__globals__,
         "__cells": fn.__closure__, "__modver": MODULE_VERSION, "__slow": slow, "__orig": fn,
-        "__fallback_fn": fallback,
+        "__fallback_fn": fallback, "__probe": probe, "__dead": dead, "__live": live, "__Module": torch.nn.Module,
+        "__id": id, "__isinstance": isinstance, "__graph_runs": GRAPH_RUNS,
     }
     for i, entry in enumerate(cache.entries):
         namespace[f"__ev{i}"] = entry.version
         for name, value in entry.namespace.items():
             namespace[f"{name}_{i}"] = value
         lines.append(f"def __entry{i}({params}):")
+        if entry.graph is not None:
+            lines.append("    __graph_runs[0] += 1")
         lines.extend(f"    {line.replace('__graph(', f'__graph_{i}(')}" for line in entry.body)
         fast = [g.source() for g in entry.guards if not g.module]
         fast.append(f"__modver[0] == __ev{i}[0]")
@@ -205,18 +221,40 @@ def build_dispatcher(cache: CodeCache, fn: types.FunctionType, slow: Callable[..
     lines.append(f"    return __orig({call_source(cache.code)})")
     lines.append(f"def __fallback({params}):")
     lines.append(f"    return __fallback_fn({call_source(cache.code)})")
+    lines.append(f"def __skipped({signature}):")
+    lines.append(f"    __kiln_key = {dead_key_source(cache.code)}")
+    lines.append("    if __dead.get(__kiln_key) == __modver[0]:")
+    lines.append(f"        return __orig({call_source(cache.code)})")
+    lines.append("    if __kiln_key in __live:")
+    lines.append(f"        return __fallback_fn({call_source(cache.code)})")
+    lines.append(f"    return __probe({params})")
     source = "\n".join(lines) + "\n"
     exec(compile(source, f"<kiln dispatcher for {fn.__qualname__}>", "exec"), namespace)  # noqa: S102
     named = {}
     for kind in ("variant", "check", "rebind", "entry"):
         named[kind] = {id(e): namespace[f"__{kind}{i}"] for i, e in enumerate(cache.entries)}
-    for variant in (*named["variant"].values(), namespace["__empty"]):
+    for variant in (*named["variant"].values(), namespace["__empty"], namespace["__skipped"]):
         variant.__defaults__ = fn.__defaults__
         variant.__kwdefaults__ = fn.__kwdefaults__
         variant.__name__ = variant.__qualname__ = fn.__name__
     return Dispatcher(named["variant"], namespace["__empty"], named["check"], named["rebind"],
-                      named["entry"],
-                      namespace["__eager"], namespace["__fallback"], namespace, source)
+                      named["entry"], namespace["__eager"], namespace["__fallback"],
+                      namespace["__skipped"], namespace, source)
+
+
+def dead_key(code: types.CodeType, values: tuple) -> int:
+    """Which skip decision a call falls under: its first argument's id when that is a module
+    (layers of one class can call different code), else 0. Same as `dead_key_source`."""
+    if code.co_argcount and isinstance(values[0], torch.nn.Module):
+        return id(values[0])
+    return 0
+
+
+def dead_key_source(code: types.CodeType) -> str:
+    if not code.co_argcount:
+        return "0"
+    first = code.co_varnames[0]
+    return f"__id({first}) if __isinstance({first}, __Module) else 0"
 
 
 def _rebind_source(i: int, entry: CacheEntry, params: str) -> list[str]:

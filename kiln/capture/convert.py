@@ -24,6 +24,7 @@ from kiln.capture.breaks import check_resumable, route_only
 from kiln.capture.entry import build_break_entry_code, build_entry_code
 from kiln.capture.mutation import MODULE_VERSION
 from kiln.capture.output_graph import OutputGraph
+from kiln.capture.skip import SkipDecisions
 from kiln.capture.sources import Closure, Local
 from kiln.capture.translator import StopAtBreak, Translator
 from kiln.capture.unsupported import Unsupported
@@ -68,12 +69,14 @@ class CompiledFunction:
         with _lock:  # two threads must not make two caches for one code
             self.cache: CodeCache = cache_for(self.fn.__code__, self.settings.key())
             self._route_only: Callable | None = None
+            self.skips = SkipDecisions(self.fn.__code__)
             self.refresh()
 
     def refresh(self) -> None:
         with _lock:
             self.dispatcher = build_dispatcher(self.cache, self.fn, self.slow,
-                                               self._fallback_fn())
+                                               self._fallback_fn(), self.probe,
+                                               self.skips.dead, self.skips.live)
             self.version = self.cache.version
             self._point_at_first()
 
@@ -98,11 +101,18 @@ class CompiledFunction:
         if entries:
             self.dispatch = self.dispatcher.variants[id(entries[0])]
         elif self.cache.skip is not None:
-            # capture gave up for good: call the fallback (route-only copy, the user's own
-            # signature) directly instead of through the lock and `miss` on every call
-            self.dispatch = self.dispatcher.namespace["__fallback_fn"]
+            # capture gave up for good: the original code once probes found nothing compiled
+            # beneath this frame, else the route-only copy (`skip`), never the lock and `miss`
+            self.dispatch = self.dispatcher.skipped
         else:
             self.dispatch = self.dispatcher.empty
+
+    def probe(self, *values: Any) -> Any:
+        """A call of a frame capture gave up on (positional arguments), when the dispatcher's
+        skip check did not answer it: see `skip.SkipDecisions`."""
+        if compiling():
+            return self.dispatcher.eager(*values)
+        return self.skips.run(values, self.dispatcher.fallback, self.dispatcher.eager)
 
     def slow(self, *values: Any) -> Any:
         """Every entry in most-recently-hit order, then a miss (positional arguments). The
@@ -137,7 +147,7 @@ class CompiledFunction:
         if cache.skip is not None:
             if self.dispatcher.namespace["__fallback_fn"] is self.fn:
                 self.refresh()
-            return self.dispatcher.fallback
+            return self.probe
         namespace = {**self.dispatcher.namespace, **dict(zip(cache.params, values))}
         if cache.entries:
             self._report_recompile(namespace)
@@ -204,7 +214,7 @@ class CompiledFunction:
             raise UnsupportedError(record) from None
         self.cache.skip = record
         self.refresh()
-        return self.dispatcher.fallback
+        return self.probe
 
 
 _live: weakref.WeakSet[CompiledFunction] = weakref.WeakSet()

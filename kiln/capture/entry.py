@@ -3,7 +3,6 @@ function (read inputs, call the compiled graph, replay side effects, rebuild the
 caller's exact Python structure), and the FX GraphModule handed to the backend."""
 from __future__ import annotations
 
-import functools
 import inspect
 import types
 from typing import TYPE_CHECKING, Any, Callable
@@ -12,7 +11,7 @@ import torch
 import torch.fx
 
 from kiln.capture.breaks import (CONTEXT_FACTORIES, STACK_PREFIX, ResumeLayout, resume_function,
-                                 route)
+                                 route, router_for)
 from kiln.capture.guards import Guard
 from kiln.capture.handlers_calls import WithExitVT
 from kiln.capture.sources import attr_expr
@@ -389,6 +388,6 @@ def _callee_expr(rebuild: _Rebuilder, callee: VT, settings: CompileSettings) -> 
     if callee.source is not None:
         # routed at run time from where it is read: an entry shared by instances of one class
         # (guards.InstanceSlot) must call this instance's submodule, not the first one's
-        router = rebuild.consts.ref(functools.partial(route, settings=settings))
+        router = rebuild.consts.ref(router_for(settings).route)
         return f"{router}({callee.source.expr()})"
     return rebuild.consts.ref(route(value, settings))

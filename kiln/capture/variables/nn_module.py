@@ -29,9 +29,15 @@ _HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_back
 
 
 def module_has_hooks(module: torch.nn.Module) -> bool:
-    module_mod = torch.nn.modules.module  # not an import statement: this runs on every call
-    if any(getattr(module, name, None) for name in _HOOK_DICTS):
-        return True
+    # runs on every call of a compiled module: plain attribute reads, no generator
+    try:
+        if module._forward_hooks or module._forward_pre_hooks or module._backward_hooks or \
+                module._backward_pre_hooks:
+            return True
+    except AttributeError:  # a module whose __init__ skipped nn.Module's
+        if any(getattr(module, name, None) for name in _HOOK_DICTS):
+            return True
+    module_mod = torch.nn.modules.module  # not an import statement
     return bool(module_mod._global_forward_hooks or module_mod._global_forward_pre_hooks
                 or module_mod._global_backward_hooks or module_mod._global_backward_pre_hooks)
 
