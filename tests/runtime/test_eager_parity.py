@@ -231,3 +231,16 @@ def test_bool_add_and_mul_are_or_and_and(device):
 
     _assert_same_call(fn, lambda: [torch.rand(3, 3, 2, device=device) > 0.5,
                                    torch.rand(3, 3, 2, device=device) > 0.5])
+
+
+# -- half-precision values leaving their dtype (H200 fuzz seeds 23534, 23979, 3403) ------------
+
+def test_fused_half_values_round_where_they_meet_another_dtype(device):
+    def fn(x, b):
+        t = x.to(torch.float16)
+        t.add_(x[1])  # eager stores t in float16: the sum is rounded
+        u = (b * 3.3).long()  # eager rounds b * 3.3 to bfloat16 before truncating
+        return t - x, u, (b * 3) > x[:6]  # the comparison sees the bfloat16 value
+
+    _assert_same_call(fn, lambda: [torch.randn(6, device=device) * 3,
+                                   (torch.randn(6, device=device) * 4).to(torch.bfloat16)])

@@ -1,7 +1,8 @@
 """helpers: the small vocabulary rule modules build lowerings from.
 
 - `pointwise(call, size, inner_fn, dtype, inputs)`: a new lazy `PointwiseValue` for the call;
-- `loader_as(value, dtype, size)`: a loader broadcasting `value` to `size`, converted to `dtype`;
+- `loader_as(value, dtype, size, into=)`: a loader broadcasting `value` to `size`, converted to
+  `dtype` (a fused half-precision value rounded first when it flows into another dtype);
 - `scalar_loader(x, dtype)`: a loader of a Python number;
 - `expand_to(value, size)`: the broadcast view;
 - `norm_dim(d, ndim)`, `norm_dims(dims, ndim)`: negative/None dims made explicit.
@@ -16,7 +17,8 @@ from kiln.lower.index import Expr
 from kiln.lower.ir import Pointwise, compute_dtype
 from kiln.lower.lowering import Call
 from kiln.lower.ops import ops
-from kiln.lower.values import PointwiseValue, TensorValue, ViewValue, inlined_origins
+from kiln.lower.values import (BufferValue, PointwiseValue, TensorValue, ViewValue, base_of,
+                               inlined_origins)
 
 __all__ = [
     "expand_to",
@@ -77,12 +79,34 @@ def expand_to(value: TensorValue, size: Sequence[int]) -> TensorValue:
     return ViewValue(value, size, reindex, "expand")
 
 
-def loader_as(value: TensorValue, dtype: torch.dtype, size: Sequence[int] | None = None) -> Loader:
-    """A loader of `value` (broadcast to `size` when given) returning `dtype` values."""
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def loader_as(value: TensorValue, dtype: torch.dtype, size: Sequence[int] | None = None, *,
+              into: torch.dtype | None = None) -> Loader:
+    """A loader of `value` (broadcast to `size` when given) returning `dtype` values, for an op
+    whose result has dtype `into`.
+
+    A float16/bfloat16 value computes in float32 while it is fused (Inductor's default too):
+    eager would have rounded it at every op, kiln rounds once where it is stored. When the
+    value flows into a result of another dtype (`t16 - x32`, `(b16 * 3).long()`, `t16 > 0`) it
+    leaves its half-precision world, and eager's value there is the rounded one: round it
+    first, so the wider result, the integer or the comparison sees what eager sees (fuzz seeds
+    23534, 23979). A value read from a buffer is already rounded and is not rounded again.
+    The other way, an operand of another dtype entering a half-precision result is rounded to
+    that dtype, as eager's TensorIterator casts operands to the common dtype."""
     if size is not None:
         value = expand_to(value, size)
     inner = value.loader()
     src = value.compute_dtype
+    if into is not None and into != value.dtype and src != value.dtype \
+            and not isinstance(base_of(value)[0], BufferValue):
+        half = value.dtype
+        return lambda index: ops.to_dtype(ops.to_dtype(inner(index), half), dtype)
+    if into in _HALF and into != value.dtype and into != dtype:
+        # Entering a half-precision result: eager casts every operand to the result dtype
+        # first (`t16.add_(x32[1])` adds x32[1] rounded to float16), then computes in float32.
+        return lambda index: ops.to_dtype(ops.to_dtype(inner(index), into), dtype)
     if src == dtype:
         return inner
     return lambda index: ops.to_dtype(inner(index), dtype)

@@ -113,7 +113,7 @@ def lower_scatter_one(call: Call, x: TensorValue, dim: int, index: TensorValue,
     comp = x.compute_dtype
     lx = x.loader()
     li = index.loader()
-    lsrc = loader_as(src, comp) if isinstance(src, TensorValue) else scalar_loader(src, comp)
+    lsrc = loader_as(src, comp, into=x.dtype) if isinstance(src, TensorValue) else scalar_loader(src, comp)
 
     def inner(idx: Sequence[Expr]) -> Any:
         at = list(idx)

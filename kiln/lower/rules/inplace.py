@@ -24,7 +24,7 @@ def lower_copy(call: Call, dst: TensorValue, src: Any, non_blocking: bool = Fals
     out = call.out
     if not isinstance(src, TensorValue):
         raise LoweringError(f"copy from a non-tensor in {call.origin.node}")
-    load = loader_as(src, dst.compute_dtype, dst.size)
+    load = loader_as(src, dst.compute_dtype, dst.size, into=dst.dtype)
     if src.dtype != dst.dtype and dst.compute_dtype != dst.dtype:
         from kiln.lower.ops import ops
 

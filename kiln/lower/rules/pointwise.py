@@ -81,7 +81,7 @@ def _lower_elementwise(call: Call, name: str, kind: Any, args: Sequence[Any]) ->
     comp = compute_dtype(comp)
     out = call.out
     size = tuple(out.shape)
-    loaders = [loader_as(a, comp, size) if isinstance(a, TensorValue) else scalar_loader(a, comp)
+    loaders = [loader_as(a, comp, size, into=out.dtype) if isinstance(a, TensorValue) else scalar_loader(a, comp)
                for a in args]
     value_dtype = torch.bool if name in BOOL_RESULT else comp
     target = compute_dtype(out.dtype)
@@ -114,8 +114,8 @@ def lower_add_sub(call: Call, a: Any, b: Any, alpha: Any = 1) -> TensorValue:
     comp, _ = elementwise_dtypes(*call.meta_args[:2], kind=DEFAULT)
     comp = compute_dtype(comp)
     out = call.out
-    la = loader_as(a, comp, out.shape) if isinstance(a, TensorValue) else scalar_loader(a, comp)
-    lb = loader_as(b, comp, out.shape) if isinstance(b, TensorValue) else scalar_loader(b, comp)
+    la = loader_as(a, comp, out.shape, into=out.dtype) if isinstance(a, TensorValue) else scalar_loader(a, comp)
+    lb = loader_as(b, comp, out.shape, into=out.dtype) if isinstance(b, TensorValue) else scalar_loader(b, comp)
     k = scalar_loader(alpha, comp)
 
     def inner(index: Sequence[Expr]) -> Any:
@@ -148,8 +148,8 @@ def lower_where(call: Call, cond: Any, a: Any, b: Any) -> TensorValue:
     comp = compute_dtype(out.dtype)
     size = tuple(out.shape)
     lc = loader_as(cond, torch.bool, size)
-    la = loader_as(a, comp, size) if isinstance(a, TensorValue) else scalar_loader(a, comp)
-    lb = loader_as(b, comp, size) if isinstance(b, TensorValue) else scalar_loader(b, comp)
+    la = loader_as(a, comp, size, into=out.dtype) if isinstance(a, TensorValue) else scalar_loader(a, comp)
+    lb = loader_as(b, comp, size, into=out.dtype) if isinstance(b, TensorValue) else scalar_loader(b, comp)
     return pointwise(call, size, lambda i: ops.where(lc(i), la(i), lb(i)), out.dtype,
                      (cond, a, b))
 
@@ -164,12 +164,12 @@ def lower_clamp(call: Call, x: TensorValue, *bounds: Any, **kw: Any) -> TensorVa
     out = call.out
     comp = compute_dtype(out.dtype)
     size = tuple(out.shape)
-    lx = loader_as(x, comp, size)
+    lx = loader_as(x, comp, size, into=out.dtype)
 
     def bound(b: Any) -> Any:
         if b is None:
             return None
-        return loader_as(b, comp, size) if isinstance(b, TensorValue) else scalar_loader(b, comp)
+        return loader_as(b, comp, size, into=out.dtype) if isinstance(b, TensorValue) else scalar_loader(b, comp)
 
     llo, lhi = bound(lo), bound(hi)
 
@@ -215,11 +215,13 @@ def lower_gelu(call: Call, x: TensorValue, approximate: str = "none") -> TensorV
 @register(aten._to_copy.default,
           checker=lambda call, x, **kw: kw.get("device") in (None, x.device))
 def lower_to_copy(call: Call, x: TensorValue, **kwargs: Any) -> TensorValue:
-    """A cast. Loads already give `compute_dtype(x.dtype)`, so an upcast is free; a cast to a
+    """A cast. Loads already give `compute_dtype(x.dtype)`, so an upcast of a stored value is
+    free (a fused half-precision value is rounded first: `loader_as`); a cast to a
     low-precision dtype rounds (`to_dtype(to_dtype(v, bf16), f32)`): explicit casts round even
     inside a fused body."""
     dst = call.out.dtype
-    lx = x.loader()
+    leaving_half = x.dtype in (torch.float16, torch.bfloat16)  # entering one rounds below
+    lx = loader_as(x, x.compute_dtype, into=dst if leaving_half else None)
     if compute_dtype(dst) == x.compute_dtype and (dst == x.dtype or compute_dtype(dst) == dst):
         return pointwise(call, x.size, lx, dst, (x,))
 

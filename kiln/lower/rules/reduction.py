@@ -43,7 +43,7 @@ def reduce(call: Call, x: TensorValue, dims: Sequence[int] | int | None, keepdim
     else:
         acc = compute_dtype(out_dtype)
         src = src_dtype or acc
-    load = loader_as(x, src)
+    load = loader_as(x, src, into=out_dtype)
 
     def inner(index: Sequence[Expr], rindex: Sequence[Expr]) -> Any:
         full: list[Expr] = []
@@ -167,7 +167,7 @@ def _var_mean(call: Call, x: TensorValue, dim: Any, correction: float | None,
     total = reduce(call, x, rdims, True, "sum", comp)
     mean = _divide(call, total, float(n), comp, kept_size, [total])
     mean_b = loader_as(mean, comp, x.size)
-    lx = loader_as(x, comp)
+    lx = loader_as(x, comp, into=out_dtype)
 
     def deviation(index: Sequence[Expr]) -> Any:
         d = ops.sub(lx(index), mean_b(index))

@@ -260,7 +260,7 @@ def lower_cat(call: Call, tensors: Sequence[TensorValue], dim: int = 0) -> Tenso
     for t in parts:
         bounds.append((acc, acc + t.size[dim]))
         acc += t.size[dim]
-    loaders = [loader_as(t, comp) for t in parts]
+    loaders = [loader_as(t, comp, into=out.dtype) for t in parts]
 
     def piece(k: int, index: Sequence[Expr]) -> Any:
         shifted = list(index)
