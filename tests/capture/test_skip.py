@@ -4,7 +4,7 @@ none (`kiln/capture/skip.py`), so a model kiln cannot capture costs eager's time
 
 Each test compares with eager on fresh random inputs and counts what kiln did: capture attempts
 (a counting wrapper around `convert._capture_with_break`), routed calls (counting wrappers around
-`breaks.Router.call` and `call_ex`) and graph runs (a backend whose compiled graphs count their calls).
+`breaks.Router.call` and `call_ex`) and graph runs (a backend whose graphs count their calls).
 """
 
 from __future__ import annotations
