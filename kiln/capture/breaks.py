@@ -326,7 +326,7 @@ def _is_comprehension_call(emitted: list[Instr]) -> bool:
 
 def _is_zero_arg_super(emitted: list[Instr]) -> bool:
     """`super()` finds `__class__` and the first argument in the frame that calls it: called
-    through `_routed_call` it would look in the wrong frame, so it stays a native call."""
+    through `Router.call` it would look in the wrong frame, so it stays a native call."""
     nargs, _ = emitted[-1].argval
     return nargs == 0 and len(emitted) >= 2 and emitted[-2].opname == "LOAD_GLOBAL" and \
         emitted[-2].argval == "super"

@@ -186,16 +186,17 @@ class Dispatcher:
 
 
 def build_dispatcher(cache: CodeCache, fn: types.FunctionType, slow: Callable[..., Any],
-                     fallback: Callable, probe: Callable[..., Any], dead: dict[int, int],
-                     live: set[int]) -> Dispatcher:
-    """Generate and exec the dispatch code for `fn` over the cache's current entries."""
+                     fallback: Callable, probe: Callable[..., Any], skips: Any) -> Dispatcher:
+    """Generate and exec the dispatch code for `fn` over the cache's current entries (`skips`:
+    the function's `skip.SkipDecisions`, read by the code of a frame capture gave up on)."""
     params = ", ".join(cache.params)
     signature = signature_source(cache.code)
     lines = []
     namespace: dict[str, Any] = {
         **AMBIENT_NAMESPACE, **cache.consts.namespace(), "__G": fn.__globals__,
         "__cells": fn.__closure__, "__modver": MODULE_VERSION, "__slow": slow, "__orig": fn,
-        "__fallback_fn": fallback, "__probe": probe, "__dead": dead, "__live": live, "__Module": torch.nn.Module,
+        "__fallback_fn": fallback, "__probe": probe, "__dead": skips.dead,
+        "__settled": skips.settled, "__live": skips.live, "__Module": torch.nn.Module,
         "__id": id, "__isinstance": isinstance, "__graph_runs": GRAPH_RUNS,
     }
     for i, entry in enumerate(cache.entries):
@@ -223,7 +224,7 @@ def build_dispatcher(cache: CodeCache, fn: types.FunctionType, slow: Callable[..
     lines.append(f"    return __fallback_fn({call_source(cache.code)})")
     lines.append(f"def __skipped({signature}):")
     lines.append(f"    __kiln_key = {dead_key_source(cache.code)}")
-    lines.append("    if __dead.get(__kiln_key) == __modver[0]:")
+    lines.append("    if __dead.get(__kiln_key) == __modver[0] or __kiln_key in __settled:")
     lines.append(f"        return __orig({call_source(cache.code)})")
     lines.append("    if __kiln_key in __live:")
     lines.append(f"        return __fallback_fn({call_source(cache.code)})")

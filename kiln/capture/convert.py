@@ -75,8 +75,7 @@ class CompiledFunction:
     def refresh(self) -> None:
         with _lock:
             self.dispatcher = build_dispatcher(self.cache, self.fn, self.slow,
-                                               self._fallback_fn(), self.probe,
-                                               self.skips.dead, self.skips.live)
+                                               self._fallback_fn(), self.probe, self.skips)
             self.version = self.cache.version
             self._point_at_first()
 

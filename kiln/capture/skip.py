@@ -10,7 +10,8 @@ kiln's interception is Python, so it is dropped where it finds nothing.
 
 A skip decision is guarded by the module version counter (`mutation`): after any module changed
 (a submodule replaced, `train()`/`eval()`, hooks), the next call probes once more. A frame that
-keeps moving the counter itself stops re-probing after `config.recompile_limit` probes.
+keeps moving the counter itself (HF Llama slices its ModuleList on every call: a new ModuleList
+bumps it) is skipped for good after `config.recompile_limit` extra probes.
 """
 from __future__ import annotations
 
@@ -35,9 +36,10 @@ _LAZY_FLAGS = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GEN
 class SkipDecisions:
     """Per compiled function: which calls (by `cache.dead_key`) run the original code.
 
-    `dead[key]` is the module version the decision holds at (the generated dispatcher reads it);
-    `quiet[key]` counts route-only runs without a graph beneath; `live` holds keys whose runs did
-    run graphs (they keep routing); `probes` counts the extra probes after a version change."""
+    `dead[key]` is the module version the decision holds at, `settled` the keys skipped at any
+    version, `live` the keys whose runs did run graphs (they keep routing): the generated
+    dispatcher reads these three. `quiet[key]` counts route-only runs without a graph beneath;
+    `probes[key]` the extra probes after a version change."""
 
     def __init__(self, code: types.CodeType) -> None:
         self.code = code
@@ -45,6 +47,7 @@ class SkipDecisions:
         self.dead: dict[int, int] = {}
         self.quiet: dict[int, int] = {}
         self.live: set[int] = set()
+        self.settled: set[int] = set()
         self.probes: dict[int, int] = {}
         self._refs: dict[int, weakref.ref] = {}
 
@@ -60,11 +63,11 @@ class SkipDecisions:
             self.live.add(key)
             return routed(*values)
         if key in self.dead:
-            if self.dead[key] == MODULE_VERSION[0]:
+            if self.dead[key] == MODULE_VERSION[0] or key in self.settled:
                 return original(*values)
             probes = self.probes[key] = self.probes.get(key, 0) + 1
             if probes > config.recompile_limit:  # the frame's own calls keep moving it
-                self.dead[key] = MODULE_VERSION[0]
+                self.settled.add(key)
                 return original(*values)
         runs = GRAPH_RUNS[0]
         result = routed(*values)
@@ -88,3 +91,4 @@ class SkipDecisions:
         for table in (self.dead, self.quiet, self.probes, self._refs):
             table.pop(key, None)
         self.live.discard(key)
+        self.settled.discard(key)
