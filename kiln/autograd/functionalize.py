@@ -118,6 +118,18 @@ class _ReplayRaw(torch.fx.Interpreter):
     def get_attr(self, target: Any, args: tuple, kwargs: dict) -> Any:
         return self.attrs[target]
 
+    def call_function(self, target: Any, args: tuple, kwargs: dict) -> Any:
+        if target is torch.ops.aten.expand.default and _same_size(args[0], args[1]):
+            # an expand that changes no size is an alias: writes through it are legal in eager,
+            # and functionalization's inverse of expand subtracts, which bool tensors refuse
+            return torch.ops.aten.alias.default(args[0])
+        return super().call_function(target, args, kwargs)
+
+
+def _same_size(tensor: torch.Tensor, size: Any) -> bool:
+    return len(size) == tensor.dim() and all(want in (-1, have)
+                                             for want, have in zip(size, tensor.shape))
+
 
 def _refuse_aliased_mutations(updates: dict[int, Any], primals: list, bases: tuple) -> None:
     """A written input must not share memory with another input, except a synthetic base with

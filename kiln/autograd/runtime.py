@@ -164,7 +164,7 @@ class Variant:
         if self.joint.synthetic_bases:
             built = [base.build(args) for base in self.joint.synthetic_bases]
             if any(base is None for base in built):
-                warn_once(("autograd-alias", id(self)),
+                warn_once(("autograd-base", id(self)),
                           "kiln: inputs that shared memory when the graph was compiled do not at "
                           "this call; running the graph eagerly", log)
                 return None
