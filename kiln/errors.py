@@ -13,6 +13,7 @@ from kiln.diagnostics import Unsupported, UserLocation
 
 __all__ = [
     "BackendCompilerFailed",
+    "CodegenError",
     "InternalError",
     "InvalidArgument",
     "KilnConfigError",
@@ -84,6 +85,13 @@ class BackendCompilerFailed(KilnError):
             hint="try backend='eager' to check capture alone; "
                  "set KILN_SUPPRESS_ERRORS=1 to fall back to eager")
         self.__cause__ = original
+
+
+class CodegenError(KilnError, NotImplementedError):
+    """The code generator cannot print a kernel for a group (an op, dtype or loop shape it does
+    not handle yet). Still a NotImplementedError, as it was before it joined the hierarchy."""
+
+    stage = "codegen"
 
 
 class InvalidArgument(KilnError, ValueError):

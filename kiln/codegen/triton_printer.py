@@ -24,15 +24,12 @@ from typing import Any, Callable, Mapping
 
 import torch
 
+from kiln.errors import CodegenError
 from kiln.lower.index import Div, Expr, Sym, sym
 from kiln.lower.ops import OpsHandler
 from kiln.lower.printer import format_value
 
 __all__ = ["CodegenError", "TV", "TritonPrinter", "triton_dtype"]
-
-
-class CodegenError(NotImplementedError):
-    """A body uses something this code generator does not print yet."""
 
 
 _TL_DTYPES = {
