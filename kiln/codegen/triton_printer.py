@@ -234,7 +234,7 @@ class TritonPrinter(OpsHandler):
             text = f"tl.load({ptr} + ({self.index(index)}){extra})"
         else:
             other = "False" if dtype == torch.bool else "0"
-            text = f"tl.load({ptr} + ({self.index(index)}), {mask}, other={other}{extra})"
+            text = f"tl.load({ptr} + ({self._load_index(index)}), {mask}, other={other}{extra})"
         if mask is None and not any(self._axes(index)):
             # A constant index (one element: x[1::3] of a 2-element x, a size-1 weight) loads a
             # scalar where the body works on blocks. Compiled Triton broadcasts a scalar operand,
@@ -242,6 +242,14 @@ class TritonPrinter(OpsHandler):
             # fuzz seed 5083): make it a block, `[1]` / `[1, 1]` as constants are.
             text = f"tl.broadcast_to({text}, {self._one})"
         return self._emit(text, dtype)
+
+    def _load_index(self, expr: Expr) -> str:
+        """A masked load's offset: compiled Triton refuses a block mask on a scalar pointer
+        (the interpreter too), so an offset using no loop axis (a constant, or an indirect
+        index loaded from a constant offset) is broadcast to the block."""
+        text = self.index(expr)
+        x, r, _ = self._axes(expr)
+        return text if x or r else f"{text} + 0 * xindex"
 
     def store(self, name: str, index: Expr, value: TV) -> None:
         if self.on_store is not None and not self.on_store(name, index, value):
