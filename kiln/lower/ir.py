@@ -159,7 +159,9 @@ class Pointwise:
 class Reduction:
     """One value per point of `ranges`, reducing `inner_fn` over `reduction_ranges`.
 
-    ranges: output loop sizes (`x0, ...`); reduction_ranges: reduced loop sizes (`r0, ...`).
+    ranges: output loop sizes (`x0, ...`); reduction_ranges: reduced loop sizes (`r0, ...`),
+        never empty and never with a zero (the lower stage reduces a 0-dim input over `(1,)`
+        and an empty dim's identity once; a buffer with no elements is an `Extern` "empty").
     reduction_type: one of `ops.REDUCTION_TYPES` ("sum", "max", "argmax", ...); argmax/argmin
         give the row-major flat position within the reduction ranges.
     inner_fn: `inner_fn(index, rindex) -> value` of dtype `src_dtype`.

@@ -30,6 +30,7 @@ from kiln.errors import KilnError
 from kiln.lower import _compat, decompositions
 from kiln.lower.ir import (
     ComputedBuffer,
+    Extern,
     ExternKernel,
     ExternOutput,
     IRGraph,
@@ -126,10 +127,24 @@ class GraphBuilder:
 
     def add_computed(self, data: Pointwise | Reduction, layout: Layout,
                      origins: Sequence[Origin]) -> BufferValue:
+        """A buffer computed by `data`; one with no elements (a resumed graph's boolean-mask
+        result can be empty) is only allocated: a loop nest over nothing is not a kernel."""
+        if layout.numel == 0:
+            return self.empty(layout, origins)
         buf = ComputedBuffer(self.new_name(), layout, data, _dedup(origins))
         self.graph.add_buffer(buf)
         self.graph.nodes.append(buf)
         return BufferValue(buf)
+
+    def empty(self, layout: Layout, origins: Sequence[Origin]) -> BufferValue:
+        """An `Extern` of kind "empty": `empty_strided` with `layout` (nothing to compute)."""
+        out = ExternOutput(self.new_name(), layout, _dedup(origins))
+        self.graph.add_buffer(out)
+        kwargs = {"dtype": layout.dtype, "device": layout.device}
+        node = Extern("empty", torch.ops.aten.empty_strided.default,
+                      (list(layout.size), list(layout.stride)), kwargs, [out], out.origins)
+        self.graph.nodes.append(node)
+        return BufferValue(out)
 
     def reduction(self, data: Reduction, out_dtype: torch.dtype, device: torch.device,
                   origins: Sequence[Origin], stride: Sequence[int] | None = None) -> BufferValue:

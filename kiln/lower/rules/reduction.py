@@ -4,6 +4,8 @@ A reduction always realizes (its result is a buffer); the reduced input stays in
 `inner_fn`, so `sum(x * y)` reads x and y directly. Accumulation is in the compute dtype
 (float32 for bf16, int64 for integer sums). `mean` is a sum buffer plus a lazy division, and
 `var_mean`/`var` are two passes (mean, then the sum of squared deviations), each its own buffer.
+A reduction's r loop is never empty: a 0-dim input reduces over `(1,)`, and a zero-size reduced
+dim reduces the op's identity once (`sum` of nothing is 0), so every reduction is a kernel.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import torch
 
 from kiln.lower.index import Expr
 from kiln.lower.ir import Reduction, compute_dtype
-from kiln.lower.lowering import Call, register
+from kiln.lower.lowering import Call, LoweringError, register
 from kiln.lower.ops import ops
 from kiln.lower.rules.helpers import inlined_origins, loader_as, norm_dims, pointwise, scalar_loader
 from kiln.lower.values import BufferValue, TensorValue, ViewValue
@@ -55,11 +57,26 @@ def reduce(call: Call, x: TensorValue, dims: Sequence[int] | int | None, keepdim
                 out_pos += not keepdim
         return load(full)
 
-    data = Reduction(ranges, rranges, reduction_type, inner, acc, src)
+    body = inner
+    if math.prod(rranges) == 0:
+        body, rranges = _identity(reduction_type, src), (1,)
+    data = Reduction(ranges, rranges or (1,), reduction_type, body, acc, src)
     if stride is None and isinstance(call.out, torch.Tensor) and tuple(call.out.shape) == ranges:
         stride = tuple(call.out.stride())
     origins = [*inlined_origins([x]), call.origin]
     return call.builder.reduction(data, out_dtype, call.device, origins, stride)
+
+
+_IDENTITY = {"sum": 0, "prod": 1, "any": False}
+
+
+def _identity(reduction_type: str, src: torch.dtype) -> Any:
+    """The inner function of a reduction over no elements: its identity, reduced once (a
+    kernel needs a non-empty r loop). max/min/arg* of nothing raise in eager before this."""
+    if reduction_type not in _IDENTITY:
+        raise LoweringError(f"{reduction_type} over a zero-size dimension has no identity")
+    value = _IDENTITY[reduction_type]
+    return lambda index, rindex: ops.constant(value, src)
 
 
 def _out(call: Call, i: int | None = None) -> torch.Tensor:
