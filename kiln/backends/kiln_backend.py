@@ -97,23 +97,53 @@ def _cold(gm: torch.fx.GraphModule, example_inputs: list, options: CompileOption
 
     compilers = dict(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
                      inference_compiler=compiler("inference"))
+    rewrite = _JointRewrite()
     try:
-        return aot_compile(gm, example_inputs, joint_passes=(rewrite_joint_attention,),
-                           **compilers)
-    except KilnError as err:  # never lose the whole graph to the attention rewrite
-        log.warning("kiln backend: compiling with the joint-graph attention rewrite failed "
-                    "(%s); compiling without it", err)
+        return aot_compile(gm, example_inputs, joint_passes=(rewrite,), **compilers)
+    except Exception as err:
+        what = rewrite.blame(err)
+        if what is None:  # the rewrite raised nothing and changed nothing: not the cause
+            raise
+        # never lose the whole graph to the attention rewrite; a second failure raises as itself
+        log.warning("kiln backend: %s (%s: %s); compiling without it (the joint-graph "
+                    "attention rewrite)", what, type(err).__name__, err)
         return aot_compile(gm, example_inputs, **compilers)
 
 
-def rewrite_joint_attention(joint: Any) -> Any:
-    """Explicit attention → SDPA forward + backward on the joint graph, before partitioning, so
-    the partitioner saves SDPA's logsumexp instead of the [B, H, L, L] softmax (the lower stage
-    can only rewrite the forward once the graph is split)."""
+class _JointRewrite:
+    """The joint-graph attention pass of one compile, remembering what it did, so that a
+    failure is retried without it only when the rewrite can be the cause, and named truly."""
+
+    def __init__(self) -> None:
+        self.rewritten = 0
+        self.raised = False
+
+    def __call__(self, joint: Any) -> Any:
+        try:
+            self.rewritten += rewrite_joint_attention(joint)
+        except Exception:
+            self.raised = True
+            raise
+        return joint
+
+    def blame(self, err: BaseException) -> str | None:
+        """What failed, in words, when retrying without the rewrite can help; else None."""
+        if self.raised:
+            return "the joint-graph attention rewrite failed"
+        if self.rewritten and isinstance(err, KilnError):
+            return (f"compiling the graph with {self.rewritten} explicit attention(s) "
+                    "rewritten to SDPA failed")
+        return None
+
+
+def rewrite_joint_attention(joint: Any) -> int:
+    """Explicit attention → SDPA forward + backward on the joint graph (in place), before
+    partitioning, so the partitioner saves SDPA's logsumexp instead of the [B, H, L, L] softmax
+    (the lower stage can only rewrite the forward once the graph is split). Returns how many
+    attentions were rewritten."""
     from kiln.lower.attention import rewrite_attention
 
-    rewrite_attention(joint.gm)
-    return joint
+    return rewrite_attention(joint.gm)
 
 
 # dtypes the lower and codegen stages handle; anything else (complex, quantized, float8, ...)
