@@ -16,7 +16,17 @@ import torch
 import torch.fx
 
 from kiln.lower import _compat, rules  # noqa: F401  (rules fills the rule table)
-from kiln.lower.ir import ConstantBuffer, InputBuffer, IRGraph, Layout, Origin, TensorArg
+from kiln.lower.deps import read_writes
+from kiln.lower.ir import (
+    ComputedBuffer,
+    ConstantBuffer,
+    Extern,
+    InputBuffer,
+    IRGraph,
+    Layout,
+    Origin,
+    TensorArg,
+)
 from kiln.lower.lowering import GraphBuilder, Interpreter, LoweringError
 from kiln.lower.values import BufferValue, PointwiseValue, TensorValue, strided_view
 
@@ -52,9 +62,27 @@ def build_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None =
     outputs = interp.run_nodes(list(gm.graph.nodes))
     values = _compat.tree_leaves(outputs, is_leaf=_is_leaf)
     builder.graph.outputs = _outputs(builder, values, metas)
+    _drop_unread_empties(builder.graph)
     log.debug("lowered %d FX nodes into %r in %.3f s", len(gm.graph.nodes), builder.graph,
               time.perf_counter() - start)
     return builder.graph
+
+
+def _drop_unread_empties(graph: IRGraph) -> None:
+    """Zero-element buffers (`Extern` "empty") that nothing reads: an empty value's readers are
+    mostly empty themselves and read nothing, so the chain leaves unused allocations behind."""
+    read = {o.name for o in graph.outputs if isinstance(o, TensorArg)}
+    read |= {arg.name for _, arg in graph.mutations}
+    for node in graph.nodes:
+        if isinstance(node, ComputedBuffer):
+            read.update(read_writes(node).read_names)
+        else:
+            read.update(a.name for a in node.tensor_args())
+    for node in [n for n in graph.nodes if isinstance(n, Extern) and n.kind == "empty"]:
+        (out,) = node.output_buffers()
+        if out.name not in read:
+            graph.nodes.remove(node)
+            del graph.buffers[out.name]
 
 
 def _output_metas(gm: torch.fx.GraphModule) -> list:
