@@ -182,3 +182,26 @@ def test_a_masked_gather_with_an_index_from_a_constant_offset(generated_kernels,
 
     _assert_same_call(fn, lambda: [torch.randn(3, device=device),
                                    torch.randint(0, 3, (1,), device=device)])
+
+
+def test_cat_reads_each_piece_only_inside_its_range(generated_kernels, device):
+    """An empty piece between others was loaded under a mask wider than its range (its null
+    pointer: a segfault in the interpreter, an illegal address on CUDA), and a middle piece
+    was read before its storage for the elements of the pieces in front of it."""
+    def fn(a, b, c):
+        return torch.cat([a, b, c, a], 1) * 2, torch.cat([b, c, b, a], 1).sum(0)
+
+    _assert_same_call(fn, lambda: [torch.randn(2, 1, device=device),
+                                   torch.randn(2, 0, device=device),
+                                   torch.randn(2, 3, device=device)])
+
+
+def test_cat_of_mixed_dtypes_promotes_every_piece(generated_kernels, device):
+    """The pieces were converted to the first piece's dtype: int64 first truncated the floats."""
+    def fn(i, x, h, m):
+        return torch.cat([i, x, m]), torch.cat([h, x]), torch.cat([m, i])
+
+    _assert_same_call(fn, lambda: [torch.randint(-5, 5, (2,), device=device),
+                                   torch.randn(3, device=device),
+                                   torch.randn(2, device=device).to(torch.bfloat16),
+                                   torch.rand(2, device=device) > 0.5])

@@ -15,10 +15,10 @@ from typing import Any, Sequence
 import torch
 
 from kiln.lower.index import Expr, as_expr
-from kiln.lower.ir import contiguous_strides
+from kiln.lower.ir import compute_dtype, contiguous_strides
 from kiln.lower.lowering import Call, register
 from kiln.lower.ops import ops
-from kiln.lower.rules.helpers import expand_to, norm_dim, pointwise
+from kiln.lower.rules.helpers import expand_to, loader_as, norm_dim, pointwise
 from kiln.lower.values import BufferValue, PointwiseValue, TensorValue, ViewValue, base_of
 
 aten = torch.ops.aten
@@ -246,30 +246,38 @@ def _index_ge(i: Expr, bound: int) -> Any:
 
 @register(aten.cat.default)
 def lower_cat(call: Call, tensors: Sequence[TensorValue], dim: int = 0) -> TensorValue:
+    """Each output element reads one piece, under a mask that is exactly that piece's range
+    along `dim` (a wider mask read before the piece's storage: a null pointer for an empty
+    piece). Pieces with nothing along `dim` (and legacy 1-D empties) take no part; the pieces
+    are converted to the promoted dtype, as eager's cat does."""
     out = call.out
     dim = norm_dim(dim, out.dim())
-    parts = [t for t in tensors if not (len(t.size) == 1 and t.size[0] == 0)]
-    starts, acc = [], 0
+    parts = [t for t in tensors if t.numel > 0]
+    comp = compute_dtype(out.dtype)
+    if not parts:  # the result has no elements
+        return pointwise(call, out.shape, lambda index: ops.constant(0, comp), out.dtype, [])
+    bounds, acc = [], 0
     for t in parts:
-        starts.append(acc)
+        bounds.append((acc, acc + t.size[dim]))
         acc += t.size[dim]
-    loaders = [t.loader() for t in parts]
-    comp = parts[0].compute_dtype
+    loaders = [loader_as(t, comp) for t in parts]
 
     def piece(k: int, index: Sequence[Expr]) -> Any:
         shifted = list(index)
-        shifted[dim] = as_expr(index[dim]) - starts[k]
-        value = loaders[k](shifted)
-        return value if parts[k].compute_dtype == comp else ops.to_dtype(value, comp)
+        shifted[dim] = as_expr(index[dim]) - bounds[k][0]
+        return loaders[k](shifted)
 
     def inner(index: Sequence[Expr]) -> Any:
-        last = len(parts) - 1
-        value = ops.masked(_index_ge(index[dim], starts[last]), lambda: piece(last, index), 0) \
-            if last else piece(0, index)
-        for k in range(last - 1, -1, -1):
-            mask = _index_lt(index[dim], starts[k + 1])
+        value = None
+        for k in reversed(range(len(parts))):
+            lo, hi = bounds[k]
+            inside = [_index_ge(index[dim], lo)] if lo > 0 else []
+            inside += [_index_lt(index[dim], hi)] if hi < acc else []
+            if not inside:  # the only piece
+                return piece(k, index)
+            mask = inside[0] if len(inside) == 1 else ops.logical_and(*inside)
             masked = ops.masked(mask, lambda k=k: piece(k, index), 0)
-            value = ops.where(mask, masked, value)
+            value = masked if value is None else ops.where(mask, masked, value)
         return value
 
     return pointwise(call, out.shape, inner, out.dtype, parts)
