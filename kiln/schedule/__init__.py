@@ -8,7 +8,9 @@ with a reason for every pair of neighbours), buffer lifetimes and storage reuse 
 The contract with codegen (`kiln.codegen.emit_group`) and the wrapper (`kiln.runtime`):
 
 - A `FusedGroup` iterates `x_ranges` (output loop, `numel = prod(x_ranges)`) and `r_ranges`
-  (reduction loop, `rnumel = prod(r_ranges)`, `()` for a pointwise group). Every member's own
+  (reduction loop, `rnumel = prod(r_ranges)`, `()` for a pointwise group); both are at least 1,
+  and a reduction group's `r_ranges` is never `()` (the lower stage allocates a buffer with no
+  elements with an `empty` extern and gives every reduction a non-empty r loop). Every member's own
   loop variables are expressions of the group's variables: `group_index(member, xvars, rvars)`
   gives the `(index, rindex)` to call `member.body(index, rindex)` with. A pointwise member of a
   reduction group spans x and r (a LayerNorm's normalize step over [rows, cols]: x = rows,
