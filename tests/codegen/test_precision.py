@@ -60,9 +60,12 @@ def test_casts_to_half_types_round_to_nearest_even(device):
     g = torch.Generator().manual_seed(0)
 
     def make():
-        bits = torch.randint(-2**31, 2**31 - 1, (256,), generator=g, dtype=torch.int64)
-        x = torch.cat([bits.to(torch.int32).view(torch.float32), torch.tensor(specials),
-                       torch.randn(256, generator=g)]).to(device)
+        cpu = torch.device("cpu")  # drawn on the CPU (the generator's device), then moved
+        bits = torch.randint(-2**31, 2**31 - 1, (256,), generator=g, dtype=torch.int64,
+                             device=cpu)
+        x = torch.cat([bits.to(torch.int32).view(torch.float32),
+                       torch.tensor(specials, device=cpu),
+                       torch.randn(256, generator=g, device=cpu)]).to(device)
         return [x, x.double() * 1.0000001, (x.nan_to_num() * 1000).clamp(-1e15, 1e15).long()]
 
     def fn(x, d, i):
