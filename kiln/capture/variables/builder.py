@@ -103,6 +103,10 @@ def _wrap(tx: Translator, value: Any, source: Source, module_guard: bool) -> VT:
     if _is_numpy_function(value):  # NumPy functions kiln maps to torch ops on traced arrays
         guards.id_match(source, value, module=module_guard, location=loc)
         return NumpyFunctionVT(value, source)
+    original = _scripted_original(value)
+    if original is not None:  # @torch.jit.script: trace the Python function it was made from
+        guards.id_match(source, value, module=module_guard, location=loc)
+        return wrap(tx, original, Attr(source, "_torchdynamo_inline"), module_guard=module_guard)
     if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, types.ModuleType, type,
                           types.MethodType, types.MethodDescriptorType,
                           types.WrapperDescriptorType, functools._lru_cache_wrapper)) or \
@@ -149,6 +153,16 @@ def wrap_derived(tx: Translator, value: Any) -> VT:
     if callable(value) or isinstance(value, types.ModuleType):
         return _wrap_callable(tx, value, None)
     return UserObjectVT(value, None)
+
+
+def _scripted_original(value: Any) -> types.FunctionType | None:
+    """The Python function behind a `torch.jit.script` function (TorchScript keeps it as
+    `_torchdynamo_inline` for TorchDynamo, which inlines it too: transformers scripts helpers
+    such as deberta's `scaled_size_sqrt`), else None."""
+    if not isinstance(value, torch.jit.ScriptFunction):
+        return None
+    original = getattr(value, "_torchdynamo_inline", None)
+    return original if isinstance(original, types.FunctionType) else None
 
 
 def _is_numpy_function(value: Any) -> bool:
