@@ -62,7 +62,35 @@ def kiln_backend(gm: torch.fx.GraphModule, example_inputs: list, *, mode: str | 
     if _on_cpu(example_inputs):
         _check_interpreter()
     _note_unimplemented(opts)
-    return compile_captured(gm, list(example_inputs), opts)
+    compiled = compile_captured(gm, list(example_inputs), opts)
+    return guard_storage_offsets(compiled, gm, list(example_inputs))
+
+
+def guard_storage_offsets(compiled: Callable[..., Any], gm: torch.fx.GraphModule,
+                          example_inputs: list) -> Callable[..., Any]:
+    """`compiled`, for calls whose tensor inputs sit at the storage offsets of the examples.
+
+    The generated kernels address each input's storage at the offset it was compiled for
+    (`x[0]` of a base is element 0 of its storage, `x[1]` element 5): a later call with a tensor
+    at another offset would read other elements. Capture's guards do not cover storage
+    offsets, so such a call runs the graph as torch ops (eager's answer), with a warning once
+    per graph, instead of giving a wrong one."""
+    offsets = [(i, t.storage_offset()) for i, t in enumerate(example_inputs)
+               if isinstance(t, torch.Tensor)]
+
+    def call(*args: Any) -> Any:
+        for i, offset in offsets:
+            if args[i].storage_offset() != offset:
+                warn_once(("kiln-storage-offset", id(gm)),
+                          f"kiln backend: input {i} of a compiled graph is at storage offset "
+                          f"{args[i].storage_offset()}, the graph was compiled for {offset}; "
+                          "calls like this run the graph as torch ops (eager)", log)
+                return gm(*args)
+        return compiled(*args)
+
+    call.__dict__.update(getattr(compiled, "__dict__", {}))
+    call.compiled = compiled  # the pipeline's object, for tools that inspect it
+    return call
 
 
 def compile_captured(gm: torch.fx.GraphModule, example_inputs: list,
