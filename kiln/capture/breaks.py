@@ -26,7 +26,7 @@ from kiln.capture.bytecode import Instr, assemble, decode, decode_fresh, emit
 from kiln.capture.unsupported import unsupported
 
 if TYPE_CHECKING:
-    from kiln.capture.convert import CompileSettings
+    from kiln.capture.settings import CompileSettings
 
 __all__ = ["STACK_PREFIX", "ResumeLayout", "Router", "check_resumable", "resume_function",
            "route", "route_only", "router_for", "CONTEXT_FACTORIES"]

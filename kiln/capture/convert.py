@@ -6,7 +6,6 @@ symbolic interpreter over the function's bytecode for one set of inputs and retu
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import functools
 import threading
@@ -24,6 +23,7 @@ from kiln.capture.breaks import check_resumable, route_only
 from kiln.capture.entry import build_break_entry_code, build_entry_code
 from kiln.capture.mutation import MODULE_VERSION
 from kiln.capture.output_graph import OutputGraph
+from kiln.capture.settings import CompileSettings
 from kiln.capture.skip import SkipDecisions
 from kiln.capture.sources import Closure, Local
 from kiln.capture.translator import StopAtBreak, Translator
@@ -41,18 +41,6 @@ _log = logging.getLogger("kiln.capture")
 
 __all__ = ["CompiledFunction", "CompileSettings", "capture_function", "compile_function",
            "reset_compiled_functions"]
-
-
-@dataclasses.dataclass(frozen=True)
-class CompileSettings:
-    backend: Callable
-    backend_name: str
-    fullgraph: bool = False
-    mode: str | None = None
-    options: tuple = ()
-
-    def key(self) -> tuple:
-        return (self.backend, self.fullgraph, self.mode, self.options)
 
 
 class CompiledFunction:

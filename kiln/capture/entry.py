@@ -30,7 +30,7 @@ from kiln.capture.variables.scalars import SymScalarVT
 from kiln.capture.variables.tensor import TensorMethodVT, TensorVT
 
 if TYPE_CHECKING:
-    from kiln.capture.convert import CompileSettings
+    from kiln.capture.settings import CompileSettings
     from kiln.capture.output_graph import OutputGraph
     from kiln.capture.translator import Translator
 

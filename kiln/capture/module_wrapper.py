@@ -10,7 +10,8 @@ from typing import Any, Callable
 
 import torch
 
-from kiln.capture.convert import CompileSettings, compile_function
+from kiln.capture.convert import compile_function
+from kiln.capture.settings import CompileSettings
 from kiln.capture.variables.nn_module import call_module_with_hooks, module_has_hooks
 
 __all__ = ["CompiledModule"]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from kiln.codegen.triton_printer import TV, triton_dtype
+from kiln.codegen.triton_types import TV, triton_dtype
 
 __all__ = ["PRELUDE_HELPERS", "REDUCTIONS", "looped", "persistent"]
 

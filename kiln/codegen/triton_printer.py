@@ -19,43 +19,18 @@ the loop axes their index uses plus every enclosing `masked` condition.
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Callable, Mapping
 
 import torch
 
+from kiln.codegen import reductions
+from kiln.codegen.triton_types import TV, triton_dtype
 from kiln.errors import CodegenError
 from kiln.lower.index import Div, Expr, Sym, sym
 from kiln.lower.ops import OpsHandler
 from kiln.lower.printer import format_value
 
 __all__ = ["CodegenError", "TV", "TritonPrinter", "triton_dtype"]
-
-
-_TL_DTYPES = {
-    torch.float32: "tl.float32", torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16",
-    torch.float64: "tl.float64", torch.int8: "tl.int8", torch.int16: "tl.int16",
-    torch.int32: "tl.int32", torch.int64: "tl.int64", torch.uint8: "tl.uint8",
-    torch.bool: "tl.int1",
-}
-
-
-def triton_dtype(dtype: torch.dtype) -> str:
-    try:
-        return _TL_DTYPES[dtype]
-    except KeyError:
-        raise CodegenError(f"no Triton dtype for {dtype}") from None
-
-
-@dataclasses.dataclass(frozen=True)
-class TV:
-    """A printed value: the Triton variable (or literal) `name` and its torch `dtype`."""
-
-    name: str
-    dtype: torch.dtype | None
-
-    def __str__(self) -> str:
-        return self.name
 
 
 def _literal(value: Any) -> str:
@@ -264,8 +239,6 @@ class TritonPrinter(OpsHandler):
 
     def reduction(self, dtype: torch.dtype, src_dtype: torch.dtype, reduction_type: str,
                   value: TV) -> TV:
-        from kiln.codegen import reductions
-
         if not self.is_reduction:
             raise CodegenError("reduction in a pointwise kernel")
         if reduction_type not in reductions.REDUCTIONS:

@@ -18,9 +18,9 @@ __all__ = [
     "elementwise_dtypes",
     "fake_tensor_like",
     "full_decomposition_table",
+    "make_aten_graph",
     "new_fake_mode",
     "storage_key",
-    "trace_aten",
     "trace_fake",
     "tree_flatten",
     "tree_leaves",
@@ -96,18 +96,12 @@ def trace_fake(fn: Callable[..., Any], args: Sequence[Any], decompositions: dict
         return make_fx(fn, decomposition_table=decompositions, tracing_mode="real")(*args)
 
 
-def trace_aten(fn: Callable[..., Any], *inputs: Any, decompositions: dict | None = None,
-               functionalize: bool = True) -> torch.fx.GraphModule:
-    """An ATen graph of `fn(*inputs)` for tests and tools: make_fx with `decompositions`
-    (default: `kiln.lower.decompositions.trace_table()`, torch's core table minus what the
-    lower stage keeps), functionalized so the graph does not mutate (views stay views)."""
+def make_aten_graph(fn: Callable[..., Any], inputs: Sequence[Any], decompositions: dict,
+                    functionalize: bool) -> torch.fx.GraphModule:
+    """make_fx of `fn(*inputs)` (real inputs) with `decompositions`, functionalized first when
+    `functionalize` (views stay views); `decompositions.trace_aten` picks the table."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    if decompositions is None:
-        from kiln.lower.decompositions import trace_table
-
-        decompositions = trace_table()
     if functionalize:
         fn = torch.func.functionalize(fn, remove="mutations")
     return make_fx(fn, decomposition_table=decompositions)(*inputs)
-

@@ -5,7 +5,7 @@ One policy, two uses:
 - `lowering_table()`: what the FX interpreter uses for an op that has no lowering rule (or whose
   rules' checkers all refuse): torch's Core ATen table plus `EXTRAS` (composite ops torch keeps
   in its core set but that are just pointwise + reductions for us), minus `KEEP`.
-- `trace_table()`: what tests and tools trace ATen graphs with (`_compat.trace_aten`): the core
+- `trace_table()`: what tests and tools trace ATen graphs with (`trace_aten`): the core
   table minus `KEEP`, i.e. the graphs a real autograd stage hands over.
 
 `KEEP` is the short do-not-decompose list: ops that are externs here (matmul, convolution,
@@ -27,7 +27,8 @@ import torch.fx
 
 from kiln.lower import _compat
 
-__all__ = ["EXTRAS", "KEEP_PREFIXES", "decompose", "lowering_table", "reset", "trace_table"]
+__all__ = ["EXTRAS", "KEEP_PREFIXES", "decompose", "lowering_table", "reset", "trace_aten",
+           "trace_table"]
 
 aten = torch.ops.aten
 log = logging.getLogger("kiln.lower")
@@ -74,6 +75,16 @@ def trace_table() -> dict:
         core = _compat.core_aten_decompositions()
         _tables["trace"] = {op: fn for op, fn in core.items() if not keeps(op)}
     return _tables["trace"]
+
+
+def trace_aten(fn: Callable[..., Any], *inputs: Any, decompositions: dict | None = None,
+               functionalize: bool = True) -> torch.fx.GraphModule:
+    """An ATen graph of `fn(*inputs)` for tests and tools: make_fx with `decompositions`
+    (default: `trace_table()`, torch's core table minus what the lower stage keeps),
+    functionalized so the graph does not mutate (views stay views)."""
+    if decompositions is None:
+        decompositions = trace_table()
+    return _compat.make_aten_graph(fn, inputs, decompositions, functionalize)
 
 
 def lowering_table() -> dict:

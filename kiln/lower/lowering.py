@@ -19,14 +19,12 @@ times and is costly (> 4 loads or > 30 ops: Inductor's thresholds), or its body 
 """
 from __future__ import annotations
 
-import dataclasses
 import operator
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import torch
 import torch.fx
 
-from kiln.errors import KilnError
 from kiln.lower import _compat, decompositions
 from kiln.lower.ir import (
     ComputedBuffer,
@@ -42,6 +40,7 @@ from kiln.lower.ir import (
     contiguous_strides,
     map_nested,
 )
+from kiln.lower.rule_table import Call, LoweringError, lowerings, register
 from kiln.lower.values import (
     BufferValue,
     PointwiseValue,
@@ -53,61 +52,10 @@ from kiln.lower.values import (
 
 __all__ = ["Call", "GraphBuilder", "Interpreter", "LoweringError", "lowerings", "register"]
 
-Checker = Callable[..., bool]
-LoweringFn = Callable[..., Any]
-
-lowerings: dict[Any, list[tuple[Checker, LoweringFn]]] = {}
-
 REALIZE_READS = 4        # a multi-user pointwise with more loads than this is realized
 REALIZE_OPS = 30         # ... or with more ops than this
 MAX_INLINE_READS = 8     # any pointwise whose inlined body loads more than this is realized
 MAX_INLINE_OPS = 64
-
-
-class LoweringError(KilnError):
-    """The lower stage cannot lower a graph (never raised for a merely unknown op: that falls
-    back)."""
-
-    stage = "lower"
-
-
-def _always(call: Call, *args: Any, **kwargs: Any) -> bool:
-    return True
-
-
-def register(*ops: Any, checker: Checker | None = None) -> Callable[[LoweringFn], LoweringFn]:
-    """Add `(checker, fn)` to `lowerings[op]` for each op (checker defaults to always)."""
-
-    def deco(fn: LoweringFn) -> LoweringFn:
-        for op in ops:
-            lowerings.setdefault(op, []).append((checker or _always, fn))
-        return fn
-
-    return deco
-
-
-@dataclasses.dataclass
-class Call:
-    """One node being lowered. `meta_args`/`meta_kwargs` are the node's arguments with FX
-    nodes replaced by their `meta["val"]` (fake tensors); `out` is the node's own
-    `meta["val"]`; `origin` its provenance."""
-
-    builder: GraphBuilder
-    node: torch.fx.Node
-    op: Any
-    meta_args: tuple
-    meta_kwargs: dict
-    out: Any
-    origin: Origin
-
-    @property
-    def origins(self) -> tuple[Origin, ...]:
-        return (self.origin,)
-
-    @property
-    def device(self) -> torch.device:
-        out = self.out[0] if isinstance(self.out, (tuple, list)) else self.out
-        return out.device if isinstance(out, torch.Tensor) else torch.device("cpu")
 
 
 class GraphBuilder:

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable
 from kiln.lower.deps import DepsCollector, ReadWrites
 from kiln.lower.ir import ComputedBuffer, ExternKernel, IRGraph, TensorArg, loop_vars
 from kiln.lower.ops import use_handler
-from kiln.schedule import FusedGroup, FusionDecision, group_index
+from kiln.schedule.plan import FusedGroup, FusionDecision, group_index
 from kiln.schedule.graph_edit import node_deps
 
 __all__ = ["MAX_GROUP_NODES", "fuse_nodes", "reduction_passes"]

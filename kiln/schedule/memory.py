@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kiln.lower.ir import ExternKernel, IRGraph, TensorArg
-from kiln.schedule import FusedGroup
+from kiln.schedule.plan import FusedGroup
 
 __all__ = ["OUT_KINDS", "live_bytes", "plan_memory", "step_reads", "step_writes"]
 

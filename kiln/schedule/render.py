@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kiln.lower.ir import ComputedBuffer, ExternKernel, Origin
-from kiln.schedule import FusedGroup, Schedule
+from kiln.schedule.plan import FusedGroup, Schedule
 
 __all__ = ["fusion_json", "render_schedule"]
 

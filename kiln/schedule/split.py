@@ -22,7 +22,7 @@ from kiln.lower.deps import innermost, reduction_axis_class
 from kiln.lower.index import Expr
 from kiln.lower.ir import ComputedBuffer, IRGraph, Layout, Reduction
 from kiln.lower.ops import ops
-from kiln.schedule import _unflat
+from kiln.schedule.plan import _unflat
 from kiln.schedule.graph_edit import node_deps
 
 __all__ = ["MIN_CHUNK", "TARGET_PROGRAMS", "plan_split", "split_reductions"]

@@ -226,7 +226,7 @@ def test_bf16_joint_graph_with_upcast_softmax_backward():
 
 
 def test_joint_graph_with_softmax_backward_data_kept_whole():
-    from kiln.lower._compat import trace_aten
+    from kiln.lower.decompositions import trace_aten
     from kiln.lower.decompositions import trace_table
 
     table = {op: fn for op, fn in trace_table().items()

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kiln.lower import padding
-from kiln.lower._compat import trace_aten
+from kiln.lower.decompositions import trace_aten
 from kiln.lower.build import copy_graph_module
 
 aten = torch.ops.aten

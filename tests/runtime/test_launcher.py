@@ -18,7 +18,7 @@ from kiln.codegen import emit_kernel  # noqa: E402
 from kiln.codegen import build  # noqa: E402
 from kiln.codegen.build import run_graph  # noqa: E402
 from kiln.lower import lower_graph  # noqa: E402
-from kiln.lower._compat import trace_aten  # noqa: E402
+from kiln.lower.decompositions import trace_aten  # noqa: E402
 from kiln.runtime import launcher as launcher_mod  # noqa: E402
 from kiln.runtime.launcher import Launcher, build_launchers, compile_mode, stage_timer  # noqa: E402
 

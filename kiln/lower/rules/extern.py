@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from kiln.lower.ir import Extern
-from kiln.lower.lowering import Call, register
+from kiln.lower.rule_table import Call, register
 
 aten = torch.ops.aten
 

@@ -15,7 +15,7 @@ import torch
 
 from kiln.lower.index import Expr
 from kiln.lower.ir import Pointwise, compute_dtype
-from kiln.lower.lowering import Call
+from kiln.lower.rule_table import Call
 from kiln.lower.ops import ops
 from kiln.lower.values import (BufferValue, PointwiseValue, TensorValue, ViewValue, base_of,
                                inlined_origins)

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 import torch
 
 from kiln.lower.index import Expr
-from kiln.lower.lowering import Call, LoweringError, lowerings, register
+from kiln.lower.rule_table import Call, LoweringError, lowerings, register
 from kiln.lower.rules.helpers import loader_as, pointwise
 from kiln.lower.values import TensorValue
 

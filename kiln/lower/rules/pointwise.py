@@ -17,7 +17,7 @@ import torch
 from kiln.lower._compat import PROMOTION, elementwise_dtypes
 from kiln.lower.index import Expr
 from kiln.lower.ir import compute_dtype
-from kiln.lower.lowering import Call, register
+from kiln.lower.rule_table import Call, register
 from kiln.lower.ops import ops
 from kiln.lower.rules.helpers import loader_as, pointwise, scalar_loader
 from kiln.lower.values import TensorValue

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 import torch
 
 from kiln.lower.index import Expr, as_expr
-from kiln.lower.lowering import Call, register
+from kiln.lower.rule_table import Call, register
 from kiln.lower.ops import ops
 from kiln.lower.rules.helpers import pointwise
 from kiln.lower.values import TensorValue

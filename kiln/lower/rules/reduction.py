@@ -16,7 +16,7 @@ import torch
 
 from kiln.lower.index import Expr
 from kiln.lower.ir import Reduction, compute_dtype
-from kiln.lower.lowering import Call, LoweringError, register
+from kiln.lower.rule_table import Call, LoweringError, register
 from kiln.lower.ops import ops
 from kiln.lower.rules.helpers import inlined_origins, loader_as, norm_dims, pointwise, scalar_loader
 from kiln.lower.values import BufferValue, TensorValue, ViewValue

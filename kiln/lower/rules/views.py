@@ -16,7 +16,7 @@ import torch
 
 from kiln.lower.index import Expr, as_expr
 from kiln.lower.ir import compute_dtype, contiguous_strides
-from kiln.lower.lowering import Call, register
+from kiln.lower.rule_table import Call, register
 from kiln.lower.ops import ops
 from kiln.lower.rules.helpers import expand_to, loader_as, norm_dim, pointwise
 from kiln.lower.values import BufferValue, PointwiseValue, TensorValue, ViewValue, base_of

@@ -195,7 +195,7 @@ def spec(name: str) -> Any:
     class's defaults; the loss reads every float tensor of the output."""
     import transformers
     from kiln.tools.suite.batch import Batch
-    from kiln.tools.suite.registry import ModelSpec
+    from kiln.tools.suite.spec import ModelSpec
     arch = get(name)
 
     def make_model(size: str) -> torch.nn.Module:
