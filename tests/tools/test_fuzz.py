@@ -128,6 +128,40 @@ def test_oracle_forgives_a_mutation_only_when_kiln_is_as_close_as_eager_to_fp64(
                     1e-3)  # an input the program does not write: eager is exact
 
 
+_CASTS_TO_BF16 = """import torch
+from kiln.tools.fuzz.inputs import make_tensor
+def make_inputs(device):
+    g = torch.Generator().manual_seed(56038)
+    return [make_tensor((3, 3, 3), 'float32', 'contiguous', g, device)]
+def make_globals(device):
+    return None
+def fn(x1):
+    t2 = x1.to(torch.bfloat16)
+    acc = torch.zeros_like(t2[0])
+    for i in range(3):
+        acc = acc + t2[i] * (i + 1)
+    return (acc, t2.half().float())
+"""
+
+
+def test_reference_run_ignores_the_programs_own_half_casts():
+    """Seed 56038: the reference must be the exact value of the program, not eager's rounding
+    of it, or a kiln that keeps float32 inside a fused bf16 chain (closer to the exact value)
+    is called wrong. The program's `.to(bfloat16)`, `.half()` and `.float()` run in float64."""
+    oracle._reference_run.cache_clear()
+    (x1,) = load_program(_CASTS_TO_BF16).make_inputs("cpu")
+    outputs, _ = oracle._reference_run(_CASTS_TO_BF16, "cpu")
+    x = x1.double()
+    exact = x[0] + x[1] * 2 + x[2] * 3
+    torch.testing.assert_close(outputs[0], exact, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(outputs[1], x, rtol=0, atol=0)
+    eager = load_program(_CASTS_TO_BF16).fn(x1)[0].double()
+    fused = exact.to(torch.bfloat16).double()  # kiln: one rounding, at the store
+    near = oracle._near_reference
+    assert near(_CASTS_TO_BF16, "cpu", ("output", 0), eager, fused, 1e-2)
+    assert not near(_CASTS_TO_BF16, "cpu", ("output", 0), eager, fused + 0.25, 1e-2)
+
+
 def _warns_at_length(gm, example_inputs):
     """A backend that falls back with a long, multi-line warning (a GPU compile failure)."""
     try:

@@ -188,11 +188,37 @@ def _near_reference(source: str, device: str, which: tuple[str, int], e64, k64,
     return bool(err_k <= 1.5 * err_e + atol)
 
 
+_TO_DOUBLE = {torch.Tensor.half: torch.Tensor.double, torch.Tensor.bfloat16: torch.Tensor.double,
+              torch.Tensor.float: torch.Tensor.double}
+
+
+def _as_double(value: Any) -> Any:
+    if isinstance(value, torch.dtype) and value.is_floating_point:
+        return torch.float64
+    if isinstance(value, (tuple, list)):
+        return type(value)(_as_double(v) for v in value)
+    return value
+
+
+class _Float64Everywhere(torch.overrides.TorchFunctionMode):
+    """Every float dtype a program names (`x.to(torch.bfloat16)`, `.half()`,
+    `zeros(..., dtype=torch.float32)`) becomes float64: the reference is the program's exact
+    value, not eager's rounding of it. Without this, a program that casts to bf16 itself gets a
+    'reference' rounded like eager, and a kiln that keeps float32 between fused ops (closer to
+    the exact value, as torch.compile does) looked wrong (seed 56038)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        func = _TO_DOUBLE.get(func, func)
+        kwargs = {k: _as_double(v) for k, v in (kwargs or {}).items()}
+        return func(*_as_double(tuple(args)), **kwargs)
+
+
 @functools.lru_cache(maxsize=2)
 def _reference_run(source: str, device: str) -> tuple[list, list] | None:
-    """The program run in float64 (float inputs and module parameters): its outputs and its
-    inputs after the call, as CPU float64 tensors (None for a non-tensor value), or None when
-    it raises. Run once per program (both kiln calls compare against it)."""
+    """The program run in float64 (float inputs, module parameters and every float dtype it
+    names): its outputs and its inputs after the call, as CPU float64 tensors (None for a
+    non-tensor value), or None when it raises. Run once per program (both kiln calls compare
+    against it)."""
     try:
         module = load_program(source, "kiln_fuzz_reference")
         module.make_globals(device)
@@ -201,7 +227,8 @@ def _reference_run(source: str, device: str) -> tuple[list, list] | None:
                 value.double()
         inputs = [t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t
                   for t in module.make_inputs(device)]
-        out = module.fn(*inputs)
+        with _Float64Everywhere():
+            out = module.fn(*inputs)
     except Exception:
         return None
     out = list(out) if isinstance(out, (tuple, list)) else [out]
