@@ -1,6 +1,7 @@
-"""What a model kiln cannot capture costs: eager vs kiln with capture failing (CPU).
+"""What a model kiln cannot capture costs: eager vs kiln with capture failing.
 
     python benchmarks/fallback_overhead.py [arch ...] [--fail all|NAME,NAME] [-n N] [--profile]
+                                           [--device cuda --full --dtype bfloat16]
 
 `--fail all` (the default) makes capture fail on every frame, as if every forward held an
 unsupported construct that cannot be resumed: no graph anywhere, the worst case of issue 13
@@ -9,7 +10,8 @@ the names, so those frames run route-only and the layers they call are still com
 
 Eager and kiln are timed in the same process, interleaved call by call (the machine may be
 loaded), after warm-up; medians of warm calls. With --profile, the kiln functions that cost the
-most.
+most. `--device cuda --full` measures the base-size model on the GPU (the issue's H200 case:
+T5 ran 23.7 ms under kiln with nothing compiled vs 16.6 ms eager), synchronizing after each call.
 """
 from __future__ import annotations
 
@@ -41,7 +43,13 @@ def _failing(names: list[str] | None) -> Callable:
     return capture
 
 
-def _interleaved_ms(fns: dict[str, Callable], inputs: dict, n: int) -> dict[str, float]:
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _interleaved_ms(fns: dict[str, Callable], inputs: dict, n: int,
+                    device: str = "cpu") -> dict[str, float]:
     """Median ms per call of each function, timed alternately call by call."""
     times: dict[str, list[float]] = {name: [] for name in fns}
     with torch.no_grad():
@@ -50,8 +58,10 @@ def _interleaved_ms(fns: dict[str, Callable], inputs: dict, n: int) -> dict[str,
                 fn(**inputs)
         for _ in range(n):
             for name, fn in fns.items():
+                _sync(device)
                 start = time.perf_counter()
                 fn(**inputs)
+                _sync(device)
                 times[name].append(time.perf_counter() - start)
     return {name: statistics.median(t) * 1e3 for name, t in times.items()}
 
@@ -70,19 +80,34 @@ def _profile(compiled: Callable, inputs: dict) -> None:
               f"({key[0].split('/')[-1]}:{key[1]})")
 
 
-def run(arch_name: str, fail: list[str] | None, n: int, profile: bool) -> dict[str, float]:
+def _model_and_inputs(arch_name: str, full: bool, device: str, dtype: torch.dtype
+                      ) -> tuple[torch.nn.Module, dict]:
     arch = hf.get(arch_name)
-    model = hf.build(arch)
-    inputs = hf.make_inputs(arch, gen=torch.Generator().manual_seed(0))
+    if full:
+        import transformers
+        torch.manual_seed(0)
+        config = hf._full_config(arch)
+        model = getattr(transformers, arch.model)(config).eval()
+    else:
+        config, model = None, hf.build(arch)
+    inputs = hf.make_inputs(arch, config, gen=torch.Generator().manual_seed(0), device=device)
+    return model.to(device=device, dtype=dtype), inputs
+
+
+def run(arch_name: str, fail: list[str] | None, n: int, profile: bool, full: bool = False,
+        device: str = "cpu", dtype: torch.dtype = torch.float32) -> dict[str, float]:
+    model, inputs = _model_and_inputs(arch_name, full, device, dtype)
     compiled = kiln.compile(model, backend="eager")
     with torch.no_grad():
         expected, actual = model(**inputs), compiled(**inputs)
     for key in expected.keys():
         if isinstance(expected[key], torch.Tensor):
             torch.testing.assert_close(actual[key], expected[key], rtol=0, atol=0)
-    medians = _interleaved_ms({"eager": model, "kiln": compiled}, inputs, n)
+    medians = _interleaved_ms({"eager": model, "kiln": compiled}, inputs, n, device)
     eager, routed = medians["eager"], medians["kiln"]
-    print(f"{arch.name}: eager {eager:.3f} ms, kiln {routed:.3f} ms, ratio {routed / eager:.3f}, "
+    size = "full" if full else "tiny"
+    print(f"{arch_name} ({size}, {device}, {dtype}): eager {eager:.3f} ms, kiln {routed:.3f} ms, "
+          f"ratio {routed / eager:.3f}, "
           f"overhead {(routed - eager) * 1e3:+.0f} us per call")
     if profile:
         _profile(compiled, inputs)
@@ -96,6 +121,9 @@ def main(argv: list[str]) -> int:
                         help="'all', or comma-separated qualified names of frames to fail")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("-n", type=int, default=200)
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--full", action="store_true", help="the base-size config")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
@@ -104,7 +132,8 @@ def main(argv: list[str]) -> int:
     print(f"capture forced to fail on: {args.fail}; {args.n} interleaved calls each")
     for name in args.archs:
         kiln.reset()
-        run(name, fail, args.n, args.profile)
+        run(name, fail, args.n, args.profile, args.full, args.device,
+            getattr(torch, args.dtype))
     return 0
 
 
