@@ -258,30 +258,41 @@ def _strides(t: torch.Tensor) -> tuple[int, ...]:
 def _compare_aliasing(expected, eager_inputs, got, kiln_inputs) -> None:
     want, have = _alias_map(expected, eager_inputs), _alias_map(got, kiln_inputs)
     for i, (w, h) in enumerate(zip(want, have)):
-        if w != h:
+        w_in, h_in = _inputs_of(w), _inputs_of(h)
+        if w_in != h_in:
             raise _Mismatch("mismatch:alias", f"output {i} shares storage with "
                             f"{list(w) or 'nothing'} in eager, {list(h) or 'nothing'} in kiln")
         e, k = expected[i], got[i]
-        if not w:
-            continue
-        if not any(name.startswith("input") for name in w):
-            _compare_overlaps(i, w, expected, got)
-        elif _strides(e) != _strides(k) or e.storage_offset() != k.storage_offset():
+        if w_in and (_strides(e) != _strides(k) or e.storage_offset() != k.storage_offset()):
             raise _Mismatch("mismatch:stride", f"aliasing output {i}: eager stride {e.stride()} "
                             f"offset {e.storage_offset()}, kiln stride {k.stride()} "
                             f"offset {k.storage_offset()}")
+        if not w_in:
+            _compare_overlaps(i, sorted(set(w) | set(h)), expected, got)
 
 
-def _compare_overlaps(i: int, group: tuple, expected, got) -> None:
-    """Outputs that alias only each other live in fresh memory: where it starts and how it is
-    laid out is not observable, which elements they share is (a write through one output is
-    seen through the other). Compare that, element by element."""
+def _inputs_of(group: tuple) -> tuple:
+    return tuple(name for name in group if name.startswith("input"))
+
+
+def _compare_overlaps(i: int, group: list, expected, got) -> None:
+    """Outputs that alias no input live in fresh memory: where it starts, how it is laid out and
+    whether two outputs that share no element also share a storage is not observable through
+    their values; which elements they share is (a write through one output is seen through the
+    other). Compare that, element by element (seed 66139: `t[0::3]` and `t[2]` of one
+    intermediate share a storage in eager and no element)."""
     for name in group:
+        if not name.startswith("output"):
+            continue
         j = int(name.split()[1])
-        if _overlap(expected[i], expected[j]) != _overlap(got[i], got[j]):
+        if _shared(expected[i], expected[j]) != _shared(got[i], got[j]):
             raise _Mismatch("mismatch:alias", f"outputs {i} and {j} share other elements in "
                             f"eager (strides {expected[i].stride()}, {expected[j].stride()}) "
                             f"than in kiln (strides {got[i].stride()}, {got[j].stride()})")
+
+
+def _shared(a: torch.Tensor, b: torch.Tensor) -> list[tuple[int, int]]:
+    return _overlap(a, b) if _storage(a) == _storage(b) else []
 
 
 def _byte_addresses(t: torch.Tensor) -> list[int]:
