@@ -177,8 +177,10 @@ class _Range:
 class _Event:
     """The fields of torch's FunctionEvent that the report reads."""
 
-    def __init__(self, name, start, end, *, device=False, parent=None, kernels=(), dev_us=0.0):
+    def __init__(self, name, start, end, *, device=False, parent=None, kernels=(), dev_us=0.0,
+                 annotation=False):
         self.name, self.time_range, self.cpu_parent = name, _Range(start, end), parent
+        self.is_user_annotation = annotation
         self.device_type = (torch.autograd.DeviceType.CUDA if device
                             else torch.autograd.DeviceType.CPU)
         self.kernels = [types.SimpleNamespace(name=k) for k in kernels]
@@ -195,15 +197,18 @@ STEPS = [{"name": "buf0", "kind": "extern:addmm", "ops": ["aten.addmm.default"],
 
 
 def _cuda_calls(calls: int) -> list[_Event]:
-    """Per call: a step range, aten::addmm launching a GEMM (10 µs), kiln's Triton kernel
-    (4 µs), a device-to-device copy (1 µs) and a fill (2 µs)."""
+    """Per call: a step range (on the CPU and, as torch records it, on the GPU timeline too),
+    aten::addmm launching a GEMM (10 µs), kiln's Triton kernel (4 µs), a device-to-device copy
+    (1 µs) and a fill (2 µs)."""
     events = []
     for i in range(calls):
         t = 100.0 * i
         step = _Event(f"ProfilerStep#{i}", t, t + 50)
         addmm = _Event("aten::addmm", t + 1, t + 5, parent=step, dev_us=10.0)
         launch = _Event("cudaLaunchKernel", t + 2, t + 3, parent=addmm, kernels=[GEMM])
-        events += [step, addmm, launch, _Event(GEMM, t + 5, t + 15, device=True),
+        events += [step, _Event(f"ProfilerStep#{i}", t + 5, t + 22, device=True,
+                                annotation=True),
+                   addmm, launch, _Event(GEMM, t + 5, t + 15, device=True),
                    _Event("kiln_poi_add_relu_group1", t + 15, t + 19, device=True),
                    _Event("Memcpy DtoD (Device -> Device)", t + 19, t + 20, device=True),
                    _Event(FILL, t + 20, t + 22, device=True)]

@@ -53,7 +53,8 @@ class Profiled:
     @property
     def wall_us(self) -> float | None:
         """Mean microseconds per call of the ProfilerStep ranges (profiler overhead included)."""
-        steps = [e.cpu_time_total for e in self.events if e.name.startswith("ProfilerStep")]
+        steps = [e.cpu_time_total for e in self.events if e.name.startswith("ProfilerStep")
+                 and not _on_device(e)]  # the GPU timeline's copy of the range
         return sum(steps) / len(steps) if steps else None
 
 
@@ -106,8 +107,18 @@ def profile_calls(run: Callable[[], Any], device: str, calls: int = 3) -> Profil
     return Profiled(list(prof.events()), device, calls)
 
 
-def is_device_event(event: Any) -> bool:
+def _on_device(event: Any) -> bool:
     return getattr(event, "device_type", None) == torch.autograd.DeviceType.CUDA
+
+
+def is_device_event(event: Any) -> bool:
+    """A kernel or copy that ran on the GPU. Not a user annotation's device-side range: torch
+    puts each `ProfilerStep#N` (and every `record_function`) on the GPU timeline too, spanning
+    the step's kernels, and counting it would count the step twice (seen on the H200)."""
+    if not _on_device(event):
+        return False
+    return not (getattr(event, "is_user_annotation", False)
+                or event.name.startswith("ProfilerStep"))
 
 
 def outermost(events: list, is_op: Callable[[Any], bool]) -> list:
