@@ -1,4 +1,4 @@
-"""autograd: torch-level FX graph -> functional ATen graphs + an autograd.Function runtime.
+"""autograd: torch-level FX graph -> functional ATen graphs + the callable that runs them.
 
 Input: a captured GraphModule (placeholders with fake `meta["val"]` and `meta["source"]`, user
 lines on call nodes) and example inputs. Output: a callable with the captured graph's signature.
@@ -29,8 +29,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from kiln.autograd.runtime import (CompiledGraph, Compilers, DoubleBackwardError,
-                                   identity_compiler)
+from kiln.autograd.compiled_graph import (CompiledGraph, Compilers, DoubleBackwardError,
+                                          identity_compiler)
 from kiln.autograd.trace import (AutogradUnsupported, JointGraph, OutputInfo, TensorSpec,
                                  trace_inference, trace_joint)
 

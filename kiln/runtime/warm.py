@@ -100,7 +100,7 @@ def store(key: str, compiled: Any) -> bool:
 
 
 def _payload(compiled: Any) -> dict:
-    from kiln.autograd.runtime import InferenceVariant
+    from kiln.autograd.compiled_graph import InferenceVariant
 
     variant = getattr(compiled, "variants", {}).get((False, ()))
     if not isinstance(variant, InferenceVariant) or not isinstance(variant.fn, CompiledArtifact):

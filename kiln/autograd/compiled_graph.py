@@ -1,4 +1,4 @@
-"""runtime: compiled forward/backward graphs -> the callable a backend returns.
+"""compiled_graph: compiled forward/backward graphs -> the callable a backend returns.
 
 `CompiledGraph` is called like the captured graph. Per call it picks a variant — training (grad
 mode on and some input requires grad) or inference — keyed by which inputs require grad, traces
