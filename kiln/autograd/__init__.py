@@ -10,8 +10,9 @@ Steps (`aot_compile`):
                         policy; input mutations become extra outputs -> JointGraph
     joint_passes        the backend's passes on the JointGraph
     partition_joint     forward graph + backward graph (min-cut by default)
-    CompiledGraph       autograd.Function runtime; backward compiled on first use; mutations
-                        written back; outputs aliasing inputs rebuilt as views
+    CompiledGraph       one autograd.Function per training graph; backward compiled on first
+                        use; then the Epilogue: mutations written back, outputs aliasing
+                        inputs rebuilt as views
 
 Invariants: the graphs handed to compilers are functional ATen graphs that follow
 `decompositions.py`; every node has meta["val"]; random ops are never recomputed; gradients are
