@@ -10,9 +10,9 @@ and compiles that variant the first time, and runs it:
   runs it. `retain_graph=True` works; a backward under `create_graph=True` raises.
 - inference: the compiled forward-only graph, without autograd.
 
-Then the epilogue (`epilogue.py`), outside autograd.Function: new values of mutated inputs are written back into
-the inputs, outputs that alias inputs are rebuilt as views of the real inputs, and the captured
-graph's output structure is restored. A training output that is a view of a tensor made inside
+Then the epilogue (`epilogue.py`), outside autograd.Function: new values of mutated inputs are
+written back into the inputs, outputs that alias inputs are rebuilt as views of the real inputs,
+and the captured graph's output structure is restored. A training output that is a view of a tensor made inside
 the forward leaves the Function as its base and is viewed again outside (`_ViewOfIntermediate`):
 autograd forbids in-place writes on views created inside a custom Function, which eager allows.
 

@@ -28,8 +28,8 @@ import torch
 from kiln.autograd import CompiledGraph
 from kiln.autograd.epilogue import OUTPUT_KINDS, Epilogue, OutputRule
 from kiln.config import config
-from kiln.runtime.artifact_json import (NotCacheable, SchemaError, artifact_from_json,
-                                        artifact_json, check_artifact_json, expect, is_int)
+from kiln.runtime.artifact_json import (NotCacheable, artifact_from_json, artifact_json,
+                                        check_artifact_json, expect, is_int)
 from kiln.runtime.cache import DiskCache, cache_key, tensor_meta, versions
 from kiln.runtime.pipeline import CompiledArtifact
 
