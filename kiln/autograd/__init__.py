@@ -1,4 +1,4 @@
-"""autograd: torch-level FX graph -> functional ATen graphs + an autograd.Function runtime.
+"""autograd: torch-level FX graph -> functional ATen graphs + the callable that runs them.
 
 Input: a captured GraphModule (placeholders with fake `meta["val"]` and `meta["source"]`, user
 lines on call nodes) and example inputs. Output: a callable with the captured graph's signature.
@@ -10,8 +10,9 @@ Steps (`aot_compile`):
                         policy; input mutations become extra outputs -> JointGraph
     joint_passes        the backend's passes on the JointGraph
     partition_joint     forward graph + backward graph (min-cut by default)
-    CompiledGraph       autograd.Function runtime; backward compiled on first use; mutations
-                        written back; outputs aliasing inputs rebuilt as views
+    CompiledGraph       one autograd.Function per training graph; backward compiled on first
+                        use; then the Epilogue: mutations written back, outputs aliasing
+                        inputs rebuilt as views
 
 Invariants: the graphs handed to compilers are functional ATen graphs that follow
 `decompositions.py`; every node has meta["val"]; random ops are never recomputed; gradients are
@@ -29,8 +30,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from kiln.autograd.runtime import (CompiledGraph, Compilers, DoubleBackwardError,
-                                   identity_compiler)
+from kiln.autograd.compiled_graph import (CompiledGraph, Compilers, DoubleBackwardError,
+                                          identity_compiler)
 from kiln.autograd.trace import (AutogradUnsupported, JointGraph, OutputInfo, TensorSpec,
                                  trace_inference, trace_joint)
 

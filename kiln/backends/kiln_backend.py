@@ -11,7 +11,7 @@ Two shortcuts around the full pipeline:
   default (`config.cpu_codegen = "eager"`) the captured graph runs as torch ops, with the reason
   logged once at INFO. `cpu_codegen = "triton_interpret"` forces the whole pipeline (tests).
 - Warm start (`config.warm_start`): an inference graph compiled before, in any process, is
-  rebuilt from the disk cache before any tracing (`kiln.runtime.warm`).
+  rebuilt from the disk cache before any tracing (`warm_start.py`).
 
 Inputs the code generator does not handle (complex or other dtypes outside `SUPPORTED_DTYPES`,
 devices other than CUDA and CPU, sparse tensors) make that graph run as torch ops, with one
@@ -96,17 +96,17 @@ def guard_storage_offsets(compiled: Callable[..., Any], gm: torch.fx.GraphModule
 def compile_captured(gm: torch.fx.GraphModule, example_inputs: list,
                      options: CompileOptions) -> Callable[..., Any]:
     """The full pipeline, with the warm-start lookup in front on the inference path."""
-    from kiln.runtime import warm
+    from kiln.backends import warm_start
 
     key = None
     if config.warm_start and _inference_path(example_inputs):
-        key = warm.graph_key(gm, example_inputs, options)
-        hit = warm.load(key, lambda args: _cold(gm, args, options)) if key else None
+        key = warm_start.graph_key(gm, example_inputs, options)
+        hit = warm_start.load(key, lambda args: _cold(gm, args, options)) if key else None
         if hit is not None:
             return hit
     compiled = _cold(gm, example_inputs, options)
     if key is not None:
-        warm.store(key, compiled)
+        warm_start.store(key, compiled)
     return compiled
 
 

@@ -7,8 +7,9 @@ graph (`artifact(*inputs) -> tuple`).
 Steps (`compile_graph`): lower → schedule → codegen (→ autotune under max-autotune) →
 compile kernels → generate the wrapper (`wrapper.py`: readable Python of the whole per-call
 program: allocations, pre-bound kernel launches, library calls, frees, outputs) → exec it.
-`debug.py` logs `output_code` / `fusion` and writes the `KILN_DEBUG_DIR` files; `warm.py` stores
-inference artifacts on disk and rebuilds them in a new process without tracing.
+`debug.py` logs `output_code` / `fusion` and writes the `KILN_DEBUG_DIR` files;
+`artifact_json.py` turns an artifact into plain data and back without tracing (the kiln
+backend's warm start stores that data on disk).
 
 Invariants: the wrapper reads no IR at run time (sizes and strides are literals); every buffer
 is freed after its last reader; outputs carry eager's strides. Never: traces or differentiates

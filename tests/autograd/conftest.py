@@ -19,7 +19,7 @@ import torch
 import kiln
 import kiln.config
 from kiln.autograd._compat import tree_flatten
-from kiln.autograd.runtime import CompiledGraph, EagerVariant, TrainingVariant
+from kiln.autograd.compiled_graph import CompiledGraph, EagerVariant, TrainingVariant
 from kiln.backends import lookup_backend
 
 RTOL, ATOL = 1e-4, 1e-5

@@ -14,7 +14,7 @@ import kiln
 import kiln.logs
 import kiln.backends.aot_eager as aot_eager_module
 from kiln.autograd import DoubleBackwardError, aot_compile
-from kiln.autograd.runtime import EagerVariant, InferenceVariant, TrainingVariant
+from kiln.autograd.compiled_graph import EagerVariant, InferenceVariant, TrainingVariant
 from kiln.tools.seed_model import TransformerBlock, seed_sizes
 
 RTOL, ATOL = 1e-4, 1e-5

@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 
 import kiln
-from kiln.autograd.runtime import EagerVariant, TrainingVariant
+from kiln.autograd.compiled_graph import EagerVariant, TrainingVariant
 from kiln.config import config
 
 SAVED_TENSOR_WRITTEN = "modified by an inplace operation"

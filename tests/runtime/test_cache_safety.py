@@ -23,10 +23,11 @@ import torch
 
 pytest.importorskip("triton")
 
+from kiln.backends import warm_start  # noqa: E402
 from kiln.backends.kiln_backend import kiln_backend  # noqa: E402
 from kiln.codegen import build  # noqa: E402
 from kiln.config import config  # noqa: E402
-from kiln.runtime import binaries, cache, warm  # noqa: E402
+from kiln.runtime import artifact_json, binaries, cache  # noqa: E402
 from kiln.runtime.cache import DiskCache, cache_key, cache_root, entry_hash  # noqa: E402
 
 FOREIGN_UID = 12345
@@ -214,7 +215,7 @@ def stored(root, monkeypatch, tmp_path):
             torch.testing.assert_close(got, want)
 
     compile_and_check()
-    (entry,) = (root / warm.NAMESPACE).rglob("*.json")
+    (entry,) = (root / warm_start.NAMESPACE).rglob("*.json")
     return compile_and_check, entry
 
 
@@ -254,16 +255,16 @@ def test_planted_code_in_a_stored_field_does_not_run(stored, tmp_path, plant, re
         pytest.skip("code with a valid hash runs: only the owner can write there (threat model)")
     marker = tmp_path / "marker"
     _edit(entry, lambda p: plant(p, _marker_code(marker)), rehash=rehash)
-    misses = warm.STATS["misses"]
+    misses = warm_start.STATS["misses"]
     compile_and_check()
     assert not marker.exists(), "planted code ran"
-    assert warm.STATS["misses"] == misses + 1
-    payload = DiskCache(warm.NAMESPACE).get(entry.stem)  # rewritten by the cold compile
+    assert warm_start.STATS["misses"] == misses + 1
+    payload = DiskCache(warm_start.NAMESPACE).get(entry.stem)  # rewritten by the cold compile
     assert payload is not None and "_p.Path" not in json.dumps(payload) and \
         "os:system" not in json.dumps(payload)
-    hits = warm.STATS["hits"]
+    hits = warm_start.STATS["hits"]
     compile_and_check()
-    assert warm.STATS["hits"] == hits + 1
+    assert warm_start.STATS["hits"] == hits + 1
 
 
 @pytest.mark.parametrize("damage", ["bytes", "schema"])
@@ -273,10 +274,10 @@ def test_a_damaged_graph_entry_is_rewritten_by_the_next_compile(stored, damage):
         entry.write_bytes(b"\x80\x81" + os.urandom(32))
     else:  # valid JSON, valid hash, wrong shape
         _edit(entry, lambda p: p.update(kernels="not a list"), rehash=True)
-    stores = warm.STATS["stores"]
+    stores = warm_start.STATS["stores"]
     compile_and_check()
-    assert warm.STATS["stores"] == stores + 1
-    assert warm.check_payload(DiskCache(warm.NAMESPACE).get(entry.stem)) is None
+    assert warm_start.STATS["stores"] == stores + 1
+    assert warm_start.check_payload(DiskCache(warm_start.NAMESPACE).get(entry.stem)) is None
 
 
 def test_planted_kernel_files_and_bytecode_do_not_run(stored, root, tmp_path):
@@ -337,4 +338,4 @@ def test_the_kernel_schema_names_every_kernelspec_field():
     miss (the schema check refused it): the two must list the same fields."""
     import dataclasses
     from kiln.codegen.kernel import KernelSpec
-    assert set(warm._KERNEL_FIELDS) == {f.name for f in dataclasses.fields(KernelSpec)}
+    assert set(artifact_json._KERNEL_FIELDS) == {f.name for f in dataclasses.fields(KernelSpec)}

@@ -206,7 +206,7 @@ _WARM_GRAPH = textwrap.dedent("""
     import torch
     from kiln.backends.kiln_backend import kiln_backend
     from kiln.config import config
-    from kiln.runtime import warm
+    from kiln.backends import warm_start
 
     def block(x, w1, b1, w2, b2, g, beta):
         h = torch.nn.functional.gelu(torch.nn.functional.linear(x, w1, b1))
@@ -228,7 +228,7 @@ _WARM_GRAPH = textwrap.dedent("""
 _WARM_SCRIPT = _WARM_GRAPH + textwrap.dedent("""
     import json, sys
     err = compile_and_run(sys.argv[1])  # assert_close would import DTensor: the parent checks
-    print(json.dumps({**warm.STATS, "dynamo": "torch._dynamo" in sys.modules, "err": err}))
+    print(json.dumps({**warm_start.STATS, "dynamo": "torch._dynamo" in sys.modules, "err": err}))
 """)
 
 
@@ -236,13 +236,13 @@ _WARM_SCRIPT = _WARM_GRAPH + textwrap.dedent("""
 def test_warm_start_in_a_new_process(tmp_path, monkeypatch, device):
     """This process compiles and stores the graph; a new one must rebuild it from the disk
     cache without tracing (so without importing torch._dynamo)."""
-    from kiln.runtime import warm
+    from kiln.backends import warm_start
 
-    stats = dict(warm.STATS)
+    stats = dict(warm_start.STATS)
     namespace: dict = {}
     exec(_WARM_GRAPH, namespace)
     assert namespace["compile_and_run"](device.type) < 1e-5
-    assert warm.STATS["stores"] == stats["stores"] + 1
+    assert warm_start.STATS["stores"] == stats["stores"] + 1
     env = child_env(TRITON_INTERPRET="1") if device.type == "cpu" else child_env()
     done = subprocess.run([sys.executable, "-c", _WARM_SCRIPT, device.type], env=env,
                           capture_output=True, text=True, timeout=300, cwd=ROOT)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import kiln
-from kiln.autograd.runtime import EagerVariant, TrainingVariant
+from kiln.autograd.compiled_graph import EagerVariant, TrainingVariant
 from kiln.backends import lookup_backend
 from kiln.tools.suite import SUITE, Batch, ModelSpec, get, infer, train_step
 

@@ -1,4 +1,4 @@
-"""runtime: compiled forward/backward graphs -> the callable a backend returns.
+"""compiled_graph: compiled forward/backward graphs -> the callable a backend returns.
 
 `CompiledGraph` is called like the captured graph. Per call it picks a variant — training (grad
 mode on and some input requires grad) or inference — keyed by which inputs require grad, traces
@@ -10,9 +10,9 @@ and compiles that variant the first time, and runs it:
   runs it. `retain_graph=True` works; a backward under `create_graph=True` raises.
 - inference: the compiled forward-only graph, without autograd.
 
-Then the epilogue, outside autograd.Function: new values of mutated inputs are written back into
-the inputs, outputs that alias inputs are rebuilt as views of the real inputs, and the captured
-graph's output structure is restored. A training output that is a view of a tensor made inside
+Then the epilogue (`epilogue.py`), outside autograd.Function: new values of mutated inputs are
+written back into the inputs, outputs that alias inputs are rebuilt as views of the real inputs,
+and the captured graph's output structure is restored. A training output that is a view of a tensor made inside
 the forward leaves the Function as its base and is viewed again outside (`_ViewOfIntermediate`):
 autograd forbids in-place writes on views created inside a custom Function, which eager allows.
 
@@ -32,9 +32,10 @@ import torch
 import torch.fx
 
 from kiln.autograd import _compat
+from kiln.autograd.epilogue import Epilogue
 from kiln.autograd.mutation import is_leaf_write
-from kiln.autograd.trace import (AutogradUnsupported, JointGraph, OutputInfo, TensorSpec,
-                                 lifted_attributes, trace_inference, trace_joint)
+from kiln.autograd.trace import (AutogradUnsupported, JointGraph, TensorSpec, lifted_attributes,
+                                 trace_inference, trace_joint)
 from kiln.errors import KilnError
 from kiln import records
 from kiln.logs import artifact_enabled, artifact_logger, warn_once
@@ -105,6 +106,18 @@ class CompiledGraph:
             variant = self.variants[key] = self._compile(args, training)
         return variant
 
+    def compiled_inference(self) -> tuple[Any, Epilogue] | None:
+        """What the inference compiler returned and the epilogue that finishes its outputs, when
+        the inference variant was compiled, reads no module attributes and writes no input (so
+        it needs no argument but the call's and no aliasing check): a backend may then store
+        both and call them without this object (the kiln backend's warm start). Else None."""
+        variant = self.variants.get((False, ()))
+        if not isinstance(variant, InferenceVariant):
+            return None
+        if variant.joint.lifted_attrs or variant.joint.mutated_inputs:
+            return None
+        return variant.fn, variant.epilogue
+
     def _compile(self, args: list, training: bool) -> Callable[[list], Any]:
         start = time.perf_counter()
         user_args = args[:len(args) - len(self.lifted)]
@@ -157,6 +170,7 @@ class Variant:
         self.eager = EagerVariant(gm, joint.num_primals - len(joint.lifted_attrs)
                                   - len(joint.synthetic_bases))
         self.members = {base.index: set(base.members) for base in joint.synthetic_bases}
+        self.epilogue = Epilogue.of(joint)
 
     def prepare(self, args: list) -> list | None:
         """The call's arguments followed by its synthetic bases; None when the inputs alias
@@ -185,36 +199,6 @@ class Variant:
                           "another input at this call; running the graph eagerly", log)
                 return True
         return False
-
-    def epilogue(self, args: list, fw_outs: tuple) -> Any:
-        joint = self.joint
-        mutated = joint.mutated_inputs
-        for i, info, value in zip(mutated, joint.input_mutations, fw_outs):
-            if args[i] is value:
-                continue
-            with torch.set_grad_enabled(info.requires_grad and torch.is_grad_enabled()):
-                args[i].copy_(value)  # under autograd when the write carries a gradient
-        flat: list[Any] = []
-        position = len(mutated)
-        for info in joint.outputs:
-            flat.append(_output_value(info, args, fw_outs, position, flat))
-            if info.kind != "constant":
-                position += 1
-        return _compat.tree_unflatten(flat, joint.output_spec)
-
-
-def _output_value(info: OutputInfo, args: list, fw_outs: tuple, position: int,
-                  flat: list) -> Any:
-    if info.kind == "tensor":
-        return fw_outs[position]
-    if info.kind == "input":
-        return args[info.index]
-    if info.kind == "input_view":
-        view = info.view
-        return args[info.index].as_strided(view.shape, view.stride, view.storage_offset)
-    if info.kind == "duplicate":
-        return flat[info.index]
-    return info.value
 
 
 class InferenceVariant(Variant):

@@ -1,0 +1,66 @@
+"""The epilogue: built from a traced JointGraph, it finishes the compiled graph's outputs as the
+captured graph returns them, and survives a trip through plain data (`output_structure`,
+`from_structure`), which is what the kiln backend's warm start stores."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kiln.autograd import aot_compile, trace_inference
+from kiln.autograd.epilogue import Epilogue, OutputRule
+
+
+def _graph(x, y):
+    s = torch.sin(x) * y
+    return (s, x), (x[1:], 3, s), (y.t(), None)
+
+
+def _traced(fn):
+    gm = torch.fx.symbolic_trace(fn)
+    return gm, trace_inference(gm, [torch.randn(4, 6), torch.randn(4, 6)])
+
+
+def test_the_epilogue_finishes_what_the_compiled_graph_returns():
+    gm, joint = _traced(_graph)
+    epilogue = Epilogue.of(joint)
+    x, y = torch.randn(4, 6), torch.randn(4, 6)
+    got = epilogue([x, y], tuple(joint.gm(x, y)))
+    want = _graph(x, y)
+    assert [type(part) for part in got] == [tuple] * 3 and not epilogue.passes_outputs_through
+    torch.testing.assert_close(got[0][0], want[0][0])
+    assert got[0][1] is x and got[1][2] is got[0][0] and got[1][1] == 3 and got[2][1] is None
+    assert got[1][0].data_ptr() == x[1:].data_ptr() and got[1][0].shape == (3, 6)
+    assert got[2][0].data_ptr() == y.data_ptr() and got[2][0].stride() == (1, 6)
+
+
+def test_the_epilogue_survives_plain_data():
+    _, joint = _traced(_graph)
+    epilogue = Epilogue.of(joint)
+    structure = epilogue.output_structure()
+    assert structure[:2] == ((0, 1), (2, 3, 4))
+    again = Epilogue.from_structure(list(epilogue.outputs), structure)
+    assert again == epilogue
+    with pytest.raises(ValueError, match="each output once, in order"):
+        Epilogue.from_structure(list(epilogue.outputs), ((1, 0), *structure[1:]))
+
+
+def test_a_plain_tuple_of_computed_tensors_passes_through():
+    _, joint = _traced(lambda x, y: (x * y, x + y))
+    epilogue = Epilogue.of(joint)
+    assert epilogue.passes_outputs_through
+    outs = (torch.ones(1), torch.zeros(1))
+    assert epilogue([], outs) is outs
+    assert Epilogue.from_structure([OutputRule("tensor")] * 2, (0, 1)).passes_outputs_through
+    assert not Epilogue.from_structure([OutputRule("tensor")] * 2, [0, 1]).passes_outputs_through
+
+
+def test_a_compiled_graph_hands_out_its_inference_epilogue_only_when_self_contained():
+    x, y = torch.randn(4, 6), torch.randn(4, 6)
+    fn, epilogue = aot_compile(torch.fx.symbolic_trace(_graph), [x, y]).compiled_inference()
+    assert isinstance(fn, torch.fx.GraphModule) and epilogue.output_structure()[1] == (2, 3, 4)
+
+    def writes(x, y):
+        x.add_(1)
+        return x * y
+
+    assert aot_compile(torch.fx.symbolic_trace(writes), [x, y]).compiled_inference() is None
