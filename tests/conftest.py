@@ -82,3 +82,13 @@ def _restore_kiln_state(request):
         setattr(config, name, value)
     logs.set_logs(*saved_logs)
     logs.reset_warnings()
+
+
+@pytest.fixture
+def generated_kernels(tmp_path, monkeypatch):
+    """The kiln backend's generated kernels in this test (Triton interpreted on the CPU), with
+    a private cache folder, and a backend failure failing the test instead of running eagerly.
+    Modules use it with `pytestmark = pytest.mark.usefixtures("generated_kernels")`."""
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))
+    config.cpu_codegen = "triton_interpret"
+    config.suppress_errors = False

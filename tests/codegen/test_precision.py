@@ -20,11 +20,7 @@ from kiln.lower.decompositions import trace_aten  # noqa: E402
 from kiln.runtime import binaries  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def generated_kernels(tmp_path, monkeypatch):
-    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))
-    config.cpu_codegen = "triton_interpret"
-    config.suppress_errors = False  # a backend failure must fail the test, not run eagerly
+pytestmark = pytest.mark.usefixtures("generated_kernels")
 
 
 def _same(fn, make_args, calls=2, **tol):

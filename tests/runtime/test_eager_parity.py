@@ -12,14 +12,9 @@ import torch.nn.functional as F
 pytest.importorskip("triton")
 
 import kiln  # noqa: E402
-from kiln.config import config  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def generated_kernels(tmp_path, monkeypatch):
-    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))
-    config.cpu_codegen = "triton_interpret"
-    config.suppress_errors = False  # a backend failure must fail the test, not run eagerly
+pytestmark = pytest.mark.usefixtures("generated_kernels")
 
 
 def _compiled(fn):

@@ -9,14 +9,9 @@ import torch
 pytest.importorskip("triton")
 
 import kiln  # noqa: E402
-from kiln.config import config  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def generated_kernels(tmp_path, monkeypatch):
-    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))
-    config.cpu_codegen = "triton_interpret"
-    config.suppress_errors = False
+pytestmark = pytest.mark.usefixtures("generated_kernels")
 
 
 def test_rows_of_one_base_at_other_offsets(device):
