@@ -4,6 +4,7 @@ Triton's interpreter patches `tl` and `tl.math` but not libdevice (its functions
 there), so generated modules import this instead when interpreting. Each function applies the
 numpy equivalent to the interpreter tensor's data (float32/float64 only; an interpreter
 internal: `tensor.handle` is a `TensorHandle(data, dtype)`, checked on triton 3.7 and 3.9).
+The functions and their numpy equivalents are the math-op table's (`op_table.LIBDEVICE`).
 """
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ import numpy as np
 import triton.language as tl
 from triton.runtime.interpreter import TensorHandle
 
-__all__ = ["atan2", "check_index", "expm1", "fmod", "log1p", "nearbyint", "pow", "tan", "tanh",
-           "to_bf16", "trunc"]
+from kiln.lower.op_table import LIBDEVICE
+
+__all__ = sorted([*LIBDEVICE, "check_index", "to_bf16"])
 
 
 def _wrap(np_fn):
@@ -26,15 +28,8 @@ def _wrap(np_fn):
     return fn
 
 
-tanh = _wrap(np.tanh)
-expm1 = _wrap(np.expm1)
-log1p = _wrap(np.log1p)
-tan = _wrap(np.tan)
-trunc = _wrap(np.trunc)
-nearbyint = _wrap(np.rint)
-pow = _wrap(np.power)
-atan2 = _wrap(np.arctan2)
-fmod = _wrap(np.fmod)
+for _name, _numpy_name in LIBDEVICE.items():  # libdevice.tanh = np.tanh on the data, ...
+    globals()[_name] = _wrap(getattr(np, _numpy_name))
 
 
 class KernelIndexError(IndexError, RuntimeError):

@@ -12,7 +12,8 @@ Conventions of the kernel it prints into (see `kernel.py`, which writes the prol
   `r0, r1, ...` come from `rindex`; `reduction` reduces axis 1 and keeps it (`[:, None]`).
 
 Values carry their torch dtype (`TV`), so dtype-dependent ops (floor division, remainder,
-reduction identities) print the right form. Index expressions (`index.Expr`) print with Triton's
+reduction identities) print the right form. Math ops print as `triton_math.print_math` says,
+from their rows in `kiln.lower.op_table`. Index expressions (`index.Expr`) print with Triton's
 truncating `//` and `%` only where the dividend's `bounds()` are non-negative; elsewhere (inside
 `masked` bodies, e.g. padding) they print a floor-correct form. Loads are masked by the masks of
 the loop axes their index uses plus every enclosing `masked` condition.
@@ -24,6 +25,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from kiln.codegen import reductions
+from kiln.codegen.triton_math import print_math, promote
 from kiln.codegen.triton_types import TV, triton_dtype
 from kiln.errors import CodegenError
 from kiln.lower.index import Div, Expr, Sym, sym
@@ -39,39 +41,6 @@ def _literal(value: Any) -> str:
     if isinstance(value, (bool, float)):
         return format_value(value)
     return repr(int(value))
-
-
-_COMPARE = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
-# torch computes bool + bool and bool * bool as bytes and stores them as bool: or / and.
-_BOOL_ARITHMETIC = {"add": "bitwise_or", "mul": "bitwise_and"}
-_UNARY = {
-    "abs": "tl.abs({0})", "neg": "-{0}", "exp": "tl.exp({0})", "exp2": "tl.exp2({0})",
-    "expm1": "libdevice.expm1({0})", "log": "tl.log({0})", "log1p": "libdevice.log1p({0})",
-    "log2": "tl.log2({0})", "sqrt": "tl.sqrt({0})", "rsqrt": "tl.rsqrt({0})",
-    "sin": "tl.sin({0})", "cos": "tl.cos({0})", "tan": "libdevice.tan({0})",
-    "tanh": "libdevice.tanh({0})", "sigmoid": "tl.sigmoid({0})", "erf": "tl.erf({0})",
-    "reciprocal": "1.0 / {0}", "floor": "tl.floor({0})", "ceil": "tl.ceil({0})",
-    "trunc": "libdevice.trunc({0})", "round": "libdevice.nearbyint({0})",
-    "bitwise_not": "~{0}", "isnan": "{0} != {0}", "isinf": "tl.abs({0}) == float(\"inf\")",
-    "square": "{0} * {0}",
-}
-_FAST_ERF_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # float64 keeps libdevice
-# Correctly rounded float32 forms of ops whose plain Triton spelling is approximate on CUDA: `/`
-# is div.full.f32 (up to 2 ulp) and tl.sqrt sqrt.approx.f32, where eager's kernels divide and take
-# square roots with IEEE rounding (a mean of equal values must give the value back exactly).
-_IEEE_F32 = {"sqrt": "tl.math.sqrt_rn({0})", "reciprocal": "tl.math.div_rn({1}, {0})"}
-_BOOL_RESULT = {"logical_not", "isnan", "isinf", "eq", "ne", "lt", "le", "gt", "ge",
-                "logical_and", "logical_or", "logical_xor"}
-
-
-def _promote(*dtypes: torch.dtype | None) -> torch.dtype | None:
-    known = [d for d in dtypes if d is not None]
-    if not known:
-        return None
-    out = known[0]
-    for d in known[1:]:
-        out = torch.promote_types(out, d)
-    return out
 
 
 class TritonPrinter(OpsHandler):
@@ -255,26 +224,6 @@ class TritonPrinter(OpsHandler):
         self._constants[tv.name] = value
         return tv
 
-    def _pow(self, a: TV, b: TV, dtype: torch.dtype) -> TV:
-        """x ** c for a small constant c as multiplies / sqrt (what torch's kernels do too);
-        libdevice.pow is dozens of instructions per element and made RMSNorm ALU-bound."""
-        c = self._constants.get(b.name)
-        if c is not None and dtype.is_floating_point:
-            if c == 2:
-                return self._emit(f"{a} * {a}", dtype)
-            if c == 3:
-                return self._emit(f"{a} * {a} * {a}", dtype)
-            if c == 1:
-                return a
-        return self._emit(f"libdevice.pow({a}, {b})", dtype)
-
-    def _fast_erf(self, a: TV, dtype: torch.dtype) -> TV:
-        """kiln's float32 erf (`fast_math._erf_f32`): libdevice's made erf-GELU + LayerNorm
-        ALU-bound. 16-bit values are computed in float32 and rounded back."""
-        if dtype == torch.float32:
-            return self._emit(f"_erf_f32({a})", dtype)
-        return self.to_dtype(self._emit(f"_erf_f32({a}.to(tl.float32))", torch.float32), dtype)
-
     def index_expr(self, expr: Expr, dtype: torch.dtype) -> TV:
         if expr.is_constant:
             return self.constant(expr.const, dtype)
@@ -325,20 +274,8 @@ class TritonPrinter(OpsHandler):
             return self._emit(f"_to_bf16({src})", dtype)
         return self._emit(f"{src}.to(tl.float16)", dtype)
 
-    @staticmethod
-    def _true_div(a: TV, b: TV) -> str:
-        """Floating `a / b`: IEEE-rounded `div_rn` in float32 (see `_IEEE_F32`), where integer
-        operands are converted first (true division of integers gives float32); `/` in the
-        other float dtypes (float64 division is div.rn already; half types compute in float32)
-        and for operands of unknown dtype (a float64 must not be cast down)."""
-        dtype = _promote(a.dtype, b.dtype)
-        if None in (a.dtype, b.dtype) or (dtype.is_floating_point and dtype != torch.float32):
-            return f"{a} / {b}"
-        x, y = (v.name if v.dtype == torch.float32 else f"{v}.to(tl.float32)" for v in (a, b))
-        return f"tl.math.div_rn({x}, {y})"
-
     def where(self, cond: TV, a: TV, b: TV) -> TV:
-        return self._emit(f"tl.where({cond}, {a}, {b})", _promote(a.dtype, b.dtype))
+        return self._emit(f"tl.where({cond}, {a}, {b})", promote(a.dtype, b.dtype))
 
     def masked(self, mask: TV, body: Callable[[], Any], other: Any) -> TV:
         self.masks.append(mask.name)
@@ -357,62 +294,4 @@ class TritonPrinter(OpsHandler):
         return self._emit(f"tl.where({mask}, {value}, {other_v})", dtype)
 
     def math(self, name: str, *args: TV) -> TV:
-        dtype = _promote(*(a.dtype for a in args))
-        floating = dtype is not None and dtype.is_floating_point
-        if name == "erf" and dtype in _FAST_ERF_DTYPES:
-            return self._fast_erf(args[0], dtype)
-        if dtype == torch.float32 and name in _IEEE_F32:
-            one = self.constant(1.0, dtype) if name == "reciprocal" else None
-            return self._emit(_IEEE_F32[name].format(args[0], one), dtype)
-        if name in _UNARY:
-            (a,) = args
-            return self._emit(_UNARY[name].format(a), torch.bool if name in _BOOL_RESULT
-                              else dtype)
-        if name == "logical_not":
-            return self._emit(f"{args[0]} == 0", torch.bool)
-        if name == "sign":
-            (a,) = args
-            return self._emit(f"(({a} > 0).to({triton_dtype(dtype)}) - "
-                              f"({a} < 0).to({triton_dtype(dtype)}))", dtype)
-        a, b = args
-        if name in _COMPARE:
-            return self._emit(f"{a} {_COMPARE[name]} {b}", torch.bool)
-        if dtype == torch.bool and name in _BOOL_ARITHMETIC:  # i1 arithmetic wraps (1 + 1 == 0)
-            name = _BOOL_ARITHMETIC[name]
-        simple = {"add": "+", "sub": "-", "mul": "*", "bitwise_and": "&", "bitwise_or": "|",
-                  "bitwise_xor": "^"}
-        if name in simple:
-            return self._emit(f"{a} {simple[name]} {b}", dtype)
-        if name == "truediv":
-            return self._emit(self._true_div(a, b), dtype if floating else torch.float32)
-        if name in ("logical_and", "logical_or", "logical_xor"):
-            op = {"logical_and": "&", "logical_or": "|", "logical_xor": "^"}[name]
-            return self._emit(f"({a} != 0) {op} ({b} != 0)", torch.bool)
-        if name in ("maximum", "minimum"):
-            if floating:  # torch propagates NaN
-                cmp = ">" if name == "maximum" else "<"
-                return self._emit(f"tl.where(({a} {cmp} {b}) | ({a} != {a}), {a}, {b})", dtype)
-            return self._emit(f"tl.{name}({a}, {b})", dtype)
-        if dtype is None:
-            raise CodegenError(f"ops.{name} needs operand dtypes (pass the graph to emit_kernel)")
-        if name == "pow":
-            return self._pow(a, b, dtype)
-        if name == "atan2":
-            return self._emit(f"libdevice.atan2({a}, {b})", dtype)
-        if name == "truncdiv":
-            text = f"libdevice.trunc({self._true_div(a, b)})" if floating else f"{a} // {b}"
-            return self._emit(text, dtype)
-        if name == "fmod":
-            return self._emit(f"libdevice.fmod({a}, {b})" if floating else f"{a} % {b}", dtype)
-        if name == "floordiv":
-            if floating:
-                return self._emit(f"tl.floor({self._true_div(a, b)})", dtype)
-            q = self._emit(f"{a} // {b}", dtype)
-            fix = f"(({a} % {b} != 0) & (({a} < 0) != ({b} < 0))).to({triton_dtype(dtype)})"
-            return self._emit(f"{q} - {fix}", dtype)
-        if name == "remainder":
-            r = self._emit(f"libdevice.fmod({a}, {b})" if floating else f"{a} % {b}", dtype)
-            return self._emit(f"tl.where(({r} != 0) & (({r} < 0) != ({b} < 0)), {r} + {b}, {r})",
-                              dtype)
-        raise CodegenError(f"ops.{name}")
-
+        return print_math(self, name, args)

@@ -4,7 +4,8 @@
 once over its whole index grid, vectorized: loop variable `x{d}` is bound to
 `arange(size_d)` shaped to broadcast along dim d, every index expression evaluates to an int64
 index tensor, `ops.load` gathers from the buffer's flat storage and `ops.store` scatters into it.
-Reductions reduce the trailing reduction dims of the grid. No Python loop runs per element.
+Math ops call their row's torch reference (`op_table.MATH_OPS`). Reductions reduce the trailing
+reduction dims of the grid. No Python loop runs per element.
 
 `run_ir(graph, inputs)` runs a whole `IRGraph` (externs and fallbacks call the ATen op on
 strided views) and returns the flat outputs; `PrintedRun` is the same machine driven by the
@@ -22,29 +23,10 @@ import torch
 from kiln.lower.index import Expr, Sym
 from kiln.lower.ir import (ComputedBuffer, ConstantBuffer, ExternKernel, IRGraph, Reduction,
                            TensorArg, map_nested)
+from kiln.lower.op_table import MATH_OPS
 from kiln.lower.ops import OpsHandler, use_handler
 
 __all__ = ["Evaluator", "PrintedRun", "run_ir", "run_printed"]
-
-_MATH: dict[str, Callable[..., torch.Tensor]] = {
-    "abs": torch.abs, "neg": torch.neg, "exp": torch.exp, "exp2": torch.exp2,
-    "expm1": torch.expm1, "log": torch.log, "log1p": torch.log1p, "log2": torch.log2,
-    "sqrt": torch.sqrt, "rsqrt": torch.rsqrt, "sin": torch.sin, "cos": torch.cos,
-    "tan": torch.tan, "tanh": torch.tanh, "sigmoid": torch.sigmoid, "erf": torch.erf,
-    "reciprocal": torch.reciprocal, "floor": torch.floor, "ceil": torch.ceil,
-    "trunc": torch.trunc, "round": torch.round, "sign": torch.sign,
-    "logical_not": torch.logical_not, "bitwise_not": torch.bitwise_not, "isnan": torch.isnan,
-    "isinf": torch.isinf, "square": torch.square,
-    "add": torch.add, "sub": torch.sub, "mul": torch.mul, "truediv": torch.true_divide,
-    "floordiv": lambda a, b: torch.div(a, b, rounding_mode="floor"),
-    "truncdiv": lambda a, b: torch.div(a, b, rounding_mode="trunc"),
-    "remainder": torch.remainder, "fmod": torch.fmod, "pow": torch.pow,
-    "maximum": torch.maximum, "minimum": torch.minimum, "eq": torch.eq, "ne": torch.ne,
-    "lt": torch.lt, "le": torch.le, "gt": torch.gt, "ge": torch.ge,
-    "logical_and": torch.logical_and, "logical_or": torch.logical_or,
-    "logical_xor": torch.logical_xor, "bitwise_and": torch.bitwise_and,
-    "bitwise_or": torch.bitwise_or, "bitwise_xor": torch.bitwise_xor, "atan2": torch.atan2,
-}
 
 
 class Evaluator(OpsHandler):
@@ -176,7 +158,7 @@ class Evaluator(OpsHandler):
         return torch.where(mask, value, torch.tensor(other, dtype=value.dtype))
 
     def math(self, name: str, *args: Any) -> torch.Tensor:
-        return _MATH[name](*args)
+        return MATH_OPS[name].reference(*args)
 
 
 # -- running graphs --------------------------------------------------------------------------------

@@ -20,7 +20,8 @@ The vocabulary (`OpsHandler` documents each):
 - leaves: `constant(value, dtype)`, `index_expr(expr, dtype)`, `indirect_indexing(value, size)`
 - control: `to_dtype(x, dtype)`, `where(cond, a, b)`, `masked(mask, body, other)`,
   `reduction(dtype, src_dtype, reduction_type, value)`
-- math: the names in `UNARY_OPS` and `BINARY_OPS` (`ops.add(a, b)`, `ops.exp(x)`, ...)
+- math: the names in `UNARY_OPS` and `BINARY_OPS` (`ops.add(a, b)`, `ops.exp(x)`, ...), one
+  row each in `op_table.MATH_OPS`, which also says what each means (its torch reference)
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from kiln.lower.index import Expr
+from kiln.lower.op_table import BINARY_OPS, UNARY_OPS
 
 __all__ = [
     "BINARY_OPS",
@@ -42,16 +44,6 @@ __all__ = [
     "use_handler",
 ]
 
-UNARY_OPS: tuple[str, ...] = (
-    "abs", "neg", "exp", "exp2", "expm1", "log", "log1p", "log2", "sqrt", "rsqrt", "sin", "cos",
-    "tan", "tanh", "sigmoid", "erf", "reciprocal", "floor", "ceil", "trunc", "round", "sign",
-    "logical_not", "bitwise_not", "isnan", "isinf", "square",
-)
-BINARY_OPS: tuple[str, ...] = (
-    "add", "sub", "mul", "truediv", "floordiv", "truncdiv", "remainder", "fmod", "pow",
-    "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or",
-    "logical_xor", "bitwise_and", "bitwise_or", "bitwise_xor", "atan2",
-)
 REDUCTION_TYPES: tuple[str, ...] = ("sum", "prod", "max", "min", "argmax", "argmin", "any")
 
 
@@ -103,7 +95,7 @@ class OpsHandler:
         raise NotImplementedError
 
     def math(self, name: str, *args: Any) -> Any:
-        """A math op from UNARY_OPS / BINARY_OPS."""
+        """A math op from UNARY_OPS / BINARY_OPS (`op_table.MATH_OPS[name]`)."""
         raise NotImplementedError
 
 
@@ -112,7 +104,7 @@ def _math_method(name: str) -> Callable[..., Any]:
         return self.math(name, *args)
 
     method.__name__ = name
-    method.__doc__ = f"ops.{name}: see UNARY_OPS / BINARY_OPS (torch.{name} semantics)."
+    method.__doc__ = f"ops.{name}: a math op, `kiln.lower.op_table.MATH_OPS[{name!r}]`."
     return method
 
 

@@ -1,6 +1,7 @@
 """pointwise: elementwise ATen ops → lazy `Pointwise` values.
 
-`ELEMENTWISE` is the table: ATen op → (ops-handler name, torch type-promotion kind). Type
+`ELEMENTWISE` is the table: ATen op → (ops-handler name, torch type-promotion kind), derived from
+the math-op table (`op_table.MATH_OPS`: the rows whose `aten` names an op lowered 1:1). Type
 promotion is torch's own (`_compat.elementwise_dtypes`): inputs are converted to the
 computation dtype (float32 for bf16/fp16), the handler op runs, and the result is kept in the
 compute dtype of the output — the store body rounds it once. Ops with extra arguments (`alpha`,
@@ -17,8 +18,9 @@ import torch
 from kiln.lower._compat import PROMOTION, elementwise_dtypes
 from kiln.lower.index import Expr
 from kiln.lower.ir import compute_dtype
-from kiln.lower.rule_table import Call, register
+from kiln.lower.op_table import MATH_OPS, MathOp
 from kiln.lower.ops import ops
+from kiln.lower.rule_table import Call, register
 from kiln.lower.rules.helpers import loader_as, pointwise, scalar_loader
 from kiln.lower.values import TensorValue
 
@@ -26,54 +28,27 @@ aten = torch.ops.aten
 
 DEFAULT = PROMOTION.DEFAULT
 INT_TO_FLOAT = PROMOTION.INT_TO_FLOAT
-ALWAYS_BOOL = PROMOTION.ALWAYS_BOOL
-NO_OPMATH = PROMOTION.NO_OPMATH
-COMPLEX_TO_FLOAT = PROMOTION.COMPLEX_TO_FLOAT
-
-BOOL_RESULT = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or",
-                         "logical_xor", "logical_not", "isnan", "isinf"})
 
 
 def _ops(packet: Any, *overloads: str) -> list[Any]:
     return [getattr(packet, o) for o in overloads if hasattr(packet, o)]
 
 
-ELEMENTWISE: dict[Any, tuple[str, Any]] = {}
-for _name, _packet, _kind in [
-    ("neg", aten.neg, DEFAULT), ("abs", aten.abs, COMPLEX_TO_FLOAT),
-    ("exp", aten.exp, INT_TO_FLOAT), ("exp2", aten.exp2, INT_TO_FLOAT),
-    ("expm1", aten.expm1, INT_TO_FLOAT), ("log", aten.log, INT_TO_FLOAT),
-    ("log1p", aten.log1p, INT_TO_FLOAT), ("log2", aten.log2, INT_TO_FLOAT),
-    ("sqrt", aten.sqrt, INT_TO_FLOAT), ("rsqrt", aten.rsqrt, INT_TO_FLOAT),
-    ("sin", aten.sin, INT_TO_FLOAT), ("cos", aten.cos, INT_TO_FLOAT),
-    ("tan", aten.tan, INT_TO_FLOAT), ("tanh", aten.tanh, INT_TO_FLOAT),
-    ("sigmoid", aten.sigmoid, INT_TO_FLOAT), ("erf", aten.erf, INT_TO_FLOAT),
-    ("reciprocal", aten.reciprocal, INT_TO_FLOAT), ("floor", aten.floor, DEFAULT),
-    ("ceil", aten.ceil, DEFAULT), ("trunc", aten.trunc, DEFAULT),
-    ("round", aten.round, DEFAULT), ("sign", aten.sign, DEFAULT),
-    ("logical_not", aten.logical_not, ALWAYS_BOOL), ("bitwise_not", aten.bitwise_not, DEFAULT),
-    ("isnan", aten.isnan, ALWAYS_BOOL), ("isinf", aten.isinf, ALWAYS_BOOL),
-]:
-    for _op in _ops(_packet, "default"):
-        ELEMENTWISE[_op] = (_name, _kind)
+_BINARY_OVERLOADS = ("Tensor", "Scalar", "default", "Tensor_Tensor", "Tensor_Scalar",
+                     "Scalar_Tensor", "Scalar_Scalar")
 
-for _name, _packet, _kind in [
-    ("mul", aten.mul, DEFAULT), ("truediv", aten.div, INT_TO_FLOAT),
-    ("pow", aten.pow, DEFAULT), ("maximum", aten.maximum, DEFAULT),
-    ("minimum", aten.minimum, DEFAULT), ("eq", aten.eq, ALWAYS_BOOL),
-    ("ne", aten.ne, ALWAYS_BOOL), ("lt", aten.lt, ALWAYS_BOOL), ("le", aten.le, ALWAYS_BOOL),
-    ("gt", aten.gt, ALWAYS_BOOL), ("ge", aten.ge, ALWAYS_BOOL),
-    ("logical_and", aten.logical_and, ALWAYS_BOOL), ("logical_or", aten.logical_or, ALWAYS_BOOL),
-    ("logical_xor", aten.logical_xor, ALWAYS_BOOL), ("bitwise_and", aten.bitwise_and, DEFAULT),
-    ("bitwise_or", aten.bitwise_or, DEFAULT), ("bitwise_xor", aten.bitwise_xor, DEFAULT),
-    ("remainder", aten.remainder, DEFAULT), ("fmod", aten.fmod, DEFAULT),
-    ("atan2", aten.atan2, INT_TO_FLOAT),
-]:
-    for _op in _ops(_packet, "Tensor", "Scalar", "default", "Tensor_Tensor", "Tensor_Scalar",
-                    "Scalar_Tensor", "Scalar_Scalar"):
-        if _op._schema.is_mutable:
-            continue
-        ELEMENTWISE[_op] = (_name, _kind)
+
+def _aten_overloads(op: MathOp) -> list[Any]:
+    """The functional overloads of the ATen op that `op`'s row lowers 1:1 (`MathOp.aten`)."""
+    overloads = ("default",) if op.arity == 1 else _BINARY_OVERLOADS
+    return [o for o in _ops(getattr(aten, op.aten), *overloads) if not o._schema.is_mutable]
+
+
+ELEMENTWISE: dict[Any, tuple[str, Any]] = {
+    overload: (op.name, op.promotion)
+    for op in MATH_OPS.values() if op.aten is not None
+    for overload in _aten_overloads(op)
+}
 
 
 def _lower_elementwise(call: Call, name: str, kind: Any, args: Sequence[Any]) -> TensorValue:
@@ -83,7 +58,7 @@ def _lower_elementwise(call: Call, name: str, kind: Any, args: Sequence[Any]) ->
     size = tuple(out.shape)
     loaders = [loader_as(a, comp, size, into=out.dtype) if isinstance(a, TensorValue) else scalar_loader(a, comp)
                for a in args]
-    value_dtype = torch.bool if name in BOOL_RESULT else comp
+    value_dtype = MATH_OPS[name].result_dtype(comp)
     target = compute_dtype(out.dtype)
     handler = name
 
