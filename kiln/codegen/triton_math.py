@@ -169,7 +169,16 @@ def _remainder(p, dtype: torch.dtype, a: TV, b: TV) -> TV:
     return p._emit(f"tl.where(({r} != 0) & (({r} < 0) != ({b} < 0)), {r} + {b}, {r})", dtype)
 
 
+def _integer_unchanged(p, dtype: torch.dtype | None, a: TV) -> TV | None:
+    """floor/ceil/trunc/round of an integer or bool value is the value (eager returns it
+    unchanged); tl.floor/tl.ceil and libdevice's trunc/nearbyint take floats only."""
+    if dtype is None or dtype.is_floating_point:
+        return None
+    return a
+
+
 SPECIAL_FORMS: dict[str, Callable[..., TV | None]] = {
+    "integer_unchanged": _integer_unchanged,
     "fast_erf": _fast_erf,
     "ieee_sqrt": _ieee_sqrt,
     "ieee_reciprocal": _ieee_reciprocal,

@@ -25,10 +25,10 @@ from tests.lower.op_cases import dtypes_for, eager, one_op_graph, operands  # no
 
 ROWS = list(MATH_OPS.values())
 HALF_AND_DOUBLE = (torch.float16, torch.bfloat16, torch.float64)
-# Found by this file, not fixed yet (the table refactor keeps every printed form): tl.floor and
-# tl.ceil take floats only, so kiln fails to compile torch.floor / torch.ceil of an integer
-# tensor, which eager returns unchanged.
-KNOWN_BROKEN_KERNELS = {("floor", torch.int64), ("ceil", torch.int64)}
+# Found by this file and fixed: tl.floor / tl.ceil take floats only (torch.floor of an integer
+# tensor failed to compile; eager returns it unchanged). None broken now; the set stays so a
+# newly found broken case can be recorded as a strict xfail while it is fixed.
+KNOWN_BROKEN_KERNELS: set = set()
 
 
 def _cases(extra=(), broken=frozenset()):
