@@ -57,6 +57,10 @@ _FIELDS: dict[str, _Field] = {
                            "(kiln.runtime.binaries) instead of through triton.compile"),
     "warm_start": _Field(True, bool, "KILN_WARM_START",
                          "the kiln backend reuses compiled inference graphs from the disk cache"),
+    "disabled_passes": _Field("", str, "KILN_DISABLE_PASSES",
+                              "comma list of optimization passes to switch off by name, for "
+                              "debugging (kiln.passes.describe_passes() lists them; an unknown "
+                              "or required pass is an error)"),
     # Off by default: with contraction, `x * 3 - mean` became one FMA whose exact product
     # kept the rounding error the stored mean had lost, and LayerNorm(1) multiplied it by
     # rsqrt(eps) ~ 316 (5e-5 where eager gives 0; kiln.codegen.kernel.KernelSpec).

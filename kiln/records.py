@@ -29,6 +29,8 @@ class Recorder:
     saved: list[str] = dataclasses.field(default_factory=list)  # autograd saved-bytes reports
     # per compiled ATen graph: the pipeline's seconds per stage (kiln.tools.compile_time)
     pipeline_timings: list[dict[str, float]] = dataclasses.field(default_factory=list)
+    # per pass of a stage's pass list: a kiln.passes.PassRecord (name, status, seconds)
+    passes: list[Any] = dataclasses.field(default_factory=list)
 
 
 _active: list[Recorder] = []

@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "kiln"
 
 # Floors, lowest first. A module may import its own floor and the floors below it.
 GROUND = {"_util", "errors", "config", "logs", "options", "diagnostics", "dump", "records",
-          "paths", "version"}
+          "paths", "passes", "version"}
 FLOORS = ["ground", "capture", "autograd", "lower", "schedule", "codegen", "runtime", "backends",
           "api", "tools", "package"]
 

@@ -35,6 +35,7 @@ def test_defaults():
         "inference_attention": "cudnn",
         "binary_cache": True,
         "warm_start": True,
+        "disabled_passes": "",
         "fp_fusion": False,
     }
 

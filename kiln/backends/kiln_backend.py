@@ -32,6 +32,7 @@ from kiln.config import config
 from kiln.errors import KilnConfigError, KilnError
 from kiln.logs import info_once, warn_once
 from kiln.options import CompileOptions, resolve_options
+from kiln.passes import Pass, PassList, disabled_passes
 
 __all__ = ["kiln_backend"]
 
@@ -47,6 +48,7 @@ def kiln_backend(gm: torch.fx.GraphModule, example_inputs: list, *, mode: str | 
     `options` is the `CompileOptions` kiln.compile resolved, or torch.compile's `mode` /
     `options` dict (resolved here the same way: an unknown key is an error)."""
     opts = resolve_options(mode, options)
+    _check_disabled_passes()
     if _on_cpu(example_inputs) and _cpu_codegen() == "eager":
         info_once("kiln-cpu-eager",
                   "kiln backend: the inputs are CPU tensors, so the graph runs as torch ops "
@@ -126,8 +128,9 @@ def _cold(gm: torch.fx.GraphModule, example_inputs: list, options: CompileOption
     compilers = dict(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
                      inference_compiler=compiler("inference"))
     rewrite = _JointRewrite()
+    joint_passes = JOINT_PASSES.bind(joint_attention=rewrite)
     try:
-        return aot_compile(gm, example_inputs, joint_passes=(rewrite,), **compilers)
+        return aot_compile(gm, example_inputs, joint_passes=(joint_passes.run,), **compilers)
     except Exception as err:
         what = rewrite.blame(err)
         if what is None:  # the rewrite raised nothing and changed nothing: not the cause
@@ -174,6 +177,18 @@ def rewrite_joint_attention(joint: Any) -> int:
     return rewrite_attention(joint.gm)
 
 
+def _rewrite_joint(joint: Any) -> Any:
+    rewrite_joint_attention(joint)
+    return joint
+
+
+# the autograd stage's passes on the joint graph, before partitioning (`kiln.passes`)
+JOINT_PASSES = PassList("autograd", [
+    Pass("joint_attention", _rewrite_joint, "explicit attention -> SDPA forward + backward on "
+         "the joint graph, so the partitioner saves logsumexp, not the softmax"),
+], lambda joint: joint.gm.print_readable(print_output=False))
+
+
 # dtypes the lower and codegen stages handle; anything else (complex, quantized, float8, ...)
 # would fail deep inside Triton or the launcher
 SUPPORTED_DTYPES = frozenset({
@@ -215,6 +230,15 @@ def _inference_path(example_inputs: list) -> bool:
     """What the autograd runtime will pick for this call: inference unless grad mode is on and
     an input requires grad."""
     return not (torch.is_grad_enabled() and any(t.requires_grad for t in _tensors(example_inputs)))
+
+
+def _check_disabled_passes() -> None:
+    """A misspelled or required name in KILN_DISABLE_PASSES fails before any work, with the
+    passes of every stage this backend runs in the message."""
+    if config.disabled_passes:
+        import kiln.schedule  # noqa: F401  (declares the schedule stage's passes)
+
+        disabled_passes()
 
 
 def _cpu_codegen() -> str:

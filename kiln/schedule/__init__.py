@@ -21,29 +21,46 @@ The contract with codegen (`kiln.codegen.emit_group`) and the wrapper (`kiln.run
 - Buffers in `Schedule.elided` are never computed: every reader reads the `TensorArg` view of
   another buffer instead (a copy that an extern could read as a strided view).
 
-Steps of `schedule(graph)`, in order (each a small module):
-1. `attention_layout.py` + `elide.py`: extern layout planning — attention operands regrouped
-   to `[B, H, L, D]` where that helps, pure copies read only by library calls replaced by
-   strided views, attention outputs in the layout the op returns (repeated while it helps);
-2. `split.py`: long reductions with few outputs split into a partial and a final reduction;
-3. `fusion.py`: greedy, score-ordered fusion with legality checks and a reason for every
-   not-fused neighbour pair;
-4. `memory.py`: last uses and storage reuse;
+Steps of `schedule(graph)`, in order: `PASSES`, one named pass per step module (`kiln.passes`:
+each timed, dumped under `KILN_DEBUG_DIR`, and switchable off by name with
+`KILN_DISABLE_PASSES`):
+1. `gemm_merge` (`gemm_merge.py`): matmuls that share their input and read neighbouring
+   blocks of one weight become one matmul;
+2. `attention_layout` (`attention_layout.py`): attention operands regrouped to `[B, H, L, D]`
+   where that lets more q/k/v copies become views;
+3. `elide` (`elide.py`): pure copies read only by library calls replaced by strided views,
+   attention outputs given the layout the op returns (repeated while it helps);
+4. `split` (`split.py`): long reductions with few outputs split into a partial and a final
+   reduction;
+5. `fusion` (`fusion.py`): greedy, score-ordered fusion with legality checks and a reason for
+   every not-fused neighbour pair (off: one kernel per computed buffer);
+6. `memory` (`memory.py`, required): last uses and storage reuse;
 `render.py` prints the result (`KILN_LOGS=fusion`, `schedule.txt`) and builds `fusion.json`;
 `plan.py` holds the output types (`FusedGroup`, `FusionDecision`, `Schedule`, `group_index`).
 
-Graph rewrites (1, 2) stay in IR form on a copy of the graph (the caller's is never changed),
+Graph rewrites (1-4) stay in IR form on a copy of the graph (the caller's is never changed),
 so `kiln.lower.evaluate.run_ir(schedule.graph, inputs)` still equals eager. Never: emits code,
 picks kernel configurations, or reorders work across a dependency.
 """
 from __future__ import annotations
 
-from kiln.lower.ir import ComputedBuffer, ExternKernel, IRGraph, TensorArg
+from kiln.logs import artifact_enabled, artifact_logger
+from kiln.lower.ir import ComputedBuffer, ExternKernel, IRGraph
+from kiln.passes import Pass, PassList
+from kiln.schedule.attention_layout import refresh_attention_layouts, regroup_attention
+from kiln.schedule.elide import elide_copies
+from kiln.schedule.fusion import fuse_nodes, reduction_passes
+from kiln.schedule.gemm_merge import merge_gemms
+from kiln.schedule.graph_edit import copy_graph
+from kiln.schedule.memory import plan_memory
 from kiln.schedule.plan import FusedGroup, FusionDecision, Schedule, group_index
+from kiln.schedule.render import fusion_json, render_schedule
+from kiln.schedule.split import split_reductions
 
 __all__ = [
     "FusedGroup",
     "FusionDecision",
+    "PASSES",
     "Schedule",
     "fusion_json",
     "group_index",
@@ -70,43 +87,77 @@ def trivial_schedule(graph: IRGraph) -> Schedule:
 
 def schedule(graph: IRGraph, *, fuse: bool = True, elide: bool = True,
              split: bool = True) -> Schedule:
-    """Plan `graph`: elide copies into extern views, split long reductions, fuse, and plan
-    memory. `fuse=False` keeps one kernel per computed buffer (the rewrites still apply)."""
-    from kiln.logs import artifact_enabled, artifact_logger
-    from kiln.schedule.attention_layout import refresh_attention_layouts, regroup_attention
-    from kiln.schedule.elide import elide_copies
-    from kiln.schedule.fusion import fuse_nodes
-    from kiln.schedule.gemm_merge import merge_gemms
-    from kiln.schedule.graph_edit import copy_graph
-    from kiln.schedule.memory import plan_memory
-    from kiln.schedule.render import render_schedule
-    from kiln.schedule.split import split_reductions
-
-    work = copy_graph(graph)
-    merge_gemms(work)
-    elided: dict[str, TensorArg] = {}
-    if elide:
-        regroup_attention(work)
-        for _ in range(3):  # an output in its op's own layout may let a later copy go too
-            elide_copies(work, elided)
-            if not refresh_attention_layouts(work):
-                break
-    chunks = split_reductions(work) if split else {}
-    steps, decisions = fuse_nodes(work, fuse)
-    last_use, reuse = plan_memory(steps, work)
-    result = Schedule(work, steps, decisions, last_use, reuse, elided, chunks)
+    """Plan `graph` with `PASSES` on a copy of it: merge GEMMs, plan extern layouts (attention
+    regrouping, copy elision), split long reductions, fuse, and plan memory. `fuse=False`
+    keeps one kernel per computed buffer; `elide=False` skips the layout planning and
+    `split=False` the splits (as do `KILN_DISABLE_PASSES=fusion,...` and friends)."""
+    plan = Schedule(copy_graph(graph), [])
+    result = PASSES.run(plan, flags={"fuse": fuse, "elide": elide, "split": split})
     if artifact_enabled("fusion"):
         artifact_logger("fusion").info("%s", render_schedule(result))
     return result
 
 
-def __getattr__(name: str):
-    if name in ("render_schedule", "fusion_json"):
-        from kiln.schedule import render
+# -- the passes: each takes the plan so far and fills in its part ---------------------------------
 
-        return getattr(render, name)
-    if name == "reduction_passes":
-        from kiln.schedule.fusion import reduction_passes
+def _merge_gemms(plan: Schedule) -> Schedule:
+    merge_gemms(plan.graph)
+    return plan
 
-        return reduction_passes
-    raise AttributeError(f"module 'kiln.schedule' has no attribute {name!r}")
+
+def _regroup_attention(plan: Schedule) -> Schedule:
+    regroup_attention(plan.graph)
+    return plan
+
+
+def _elide_copies(plan: Schedule) -> Schedule:
+    for _ in range(3):  # an output in its op's own layout may let a later copy go too
+        elide_copies(plan.graph, plan.elided)
+        if not refresh_attention_layouts(plan.graph):
+            break
+    return plan
+
+
+def _split_reductions(plan: Schedule) -> Schedule:
+    plan.split = split_reductions(plan.graph)
+    return plan
+
+
+def _fuse(plan: Schedule) -> Schedule:
+    plan.steps, plan.decisions = fuse_nodes(plan.graph, True)
+    return plan
+
+
+def _one_kernel_per_node(plan: Schedule) -> Schedule:
+    plan.steps, plan.decisions = fuse_nodes(plan.graph, False)
+    return plan
+
+
+def _plan_memory(plan: Schedule) -> Schedule:
+    plan.last_use, plan.reuse = plan_memory(plan.steps, plan.graph)
+    return plan
+
+
+def _print_plan(plan: Schedule) -> str:
+    """The IR as runnable Python, then the steps once fusion planned them (as comments)."""
+    text = str(plan.graph)
+    if plan.steps:
+        steps = render_schedule(plan)
+        text += "\n\n# schedule\n" + "\n".join(f"# {line}".rstrip() for line in steps.splitlines())
+    return text + "\n"
+
+
+PASSES = PassList("schedule", [
+    Pass("gemm_merge", _merge_gemms, "matmuls reading neighbouring weight blocks of one input "
+         "become one matmul"),
+    Pass("attention_layout", _regroup_attention, "attention operands regrouped to [B, H, L, D] "
+         "where more copies can become views", flag="elide"),
+    Pass("elide", _elide_copies, "copies read only by library calls become strided views; "
+         "attention outputs take the op's layout", flag="elide"),
+    Pass("split", _split_reductions, "long reductions with few outputs split into partial + "
+         "final", flag="split"),
+    Pass("fusion", _fuse, "greedy fusion of computed buffers into kernels (off: one kernel per "
+         "buffer)", flag="fuse", off=_one_kernel_per_node),
+    Pass("memory", _plan_memory, "last uses and storage reuse: the wrapper frees and reuses "
+         "buffers by them", required=True),
+], _print_plan)
