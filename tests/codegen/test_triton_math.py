@@ -56,7 +56,10 @@ def test_special_forms_are_the_rows():
 @pytest.mark.parametrize("op,dtype", list(_cases(HALF_AND_DOUBLE)))
 def test_printer_renders_every_op(op: MathOp, dtype: torch.dtype) -> None:
     lines, value = _print(op, dtype)
-    assert lines and lines[-1].startswith(f"{value.name} = ")
+    if not lines:  # an op that is the identity here (floor of an integer) returns its operand
+        assert value.name == "v0" and not dtype.is_floating_point, (op.name, dtype)
+    else:
+        assert lines[-1].startswith(f"{value.name} = ")
     assert value.dtype == op.result_dtype(dtype)
     called = set(re.findall(r"libdevice\.(\w+)\(", "\n".join(lines)))
     assert called <= set(LIBDEVICE), f"no interpreter stand-in for {called - set(LIBDEVICE)}"
