@@ -87,7 +87,7 @@ def test_training_without_the_joint_attention_rewrite_matches_eager(recorder, de
 
 
 def test_warm_start_keys_differ_with_passes_off(device):
-    from kiln.runtime import warm
+    from kiln.backends import warm_start as warm
 
     gm = torch.fx.symbolic_trace(lambda x: torch.sin(x) + 1)
     inputs = [torch.randn(4, device=device)]
