@@ -10,8 +10,8 @@ import torch.nn.functional as F
 import kiln
 from kiln.autograd import AutogradUnsupported, JointGraph, trace_inference, trace_joint
 from kiln.autograd.decompositions import EXTRAS, decomposition_table, keeps
+from kiln.autograd.mutation import mutated_arg_positions
 from kiln.autograd.rng import eager_rng, is_random
-from kiln.autograd.trace import mutated_arg_positions
 from kiln.tools.seed_model import TransformerBlock
 
 aten = torch.ops.aten
