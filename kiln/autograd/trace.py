@@ -75,7 +75,7 @@ def trace_raw(gm: torch.fx.GraphModule, example_inputs: list, *, training: bool,
         raise AutogradUnsupported(f"graph inputs that are not tensors ({', '.join(kinds)})",
                                   hint="the graph runs eagerly instead")
     bases = tuple(SyntheticBase.of(len(reals) + k, group, reals) for k, group in enumerate(groups))
-    fake_mode = _compat.new_fake_mode()
+    fake_mode = _compat.new_fake_mode(allow_non_fake_inputs=True)
     tracer = ATenTracer(fake_mode)
     traced = [*reals, *(base.build(reals) for base in bases)]
     primals = [_fake_input(fake_mode, real, training) for real in traced]

@@ -133,7 +133,7 @@ def decompose(op: Any, meta_args: tuple, meta_kwargs: dict) -> torch.fx.GraphMod
 
 def _trace(fn: Callable[..., Any], meta_args: tuple, meta_kwargs: dict,
            table: dict) -> torch.fx.GraphModule | None:
-    mode = _compat.new_fake_mode()
+    mode = _compat.new_fake_mode(allow_non_fake_inputs=True)
     leaves, spec = _compat.tree_flatten((meta_args, meta_kwargs))
     positions = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
     fakes = [_compat.fake_tensor_like(mode, leaves[i].shape, leaves[i].stride(), leaves[i].dtype,
