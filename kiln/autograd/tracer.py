@@ -129,7 +129,7 @@ class ATenTracer(_compat.TorchDispatchMode):
         return out
 
     def _keep(self, func: Any) -> bool:
-        if keeps(func):
+        if keeps(func, "autograd"):
             self._kept.add(func)
             return True
         return False
