@@ -8,7 +8,6 @@ still makes the importing file depend on the imported one.
 from __future__ import annotations
 
 import ast
-import collections
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "kiln"
