@@ -8,7 +8,6 @@ still makes the importing file depend on the imported one.
 from __future__ import annotations
 
 import ast
-import collections
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "kiln"
@@ -128,23 +127,12 @@ def _cycles(edges: dict[str, list[tuple[str, int]]]) -> list[list[str]]:
     return found
 
 
-# Cycles still to break (issue 14; why each is there: docs/architecture.md, "Cycles left"). The
-# test fails on any other cycle, and on any of these growing or changing.
-KNOWN_CYCLES = [
-    ["kiln.autograd.backward", "kiln.autograd.functionalize", "kiln.autograd.trace"],
-    ["kiln.lower.ir", "kiln.lower.printer"],
-    ["kiln.capture.breaks", "kiln.capture.convert", "kiln.capture.entry",
-     "kiln.capture.module_wrapper"],
-]
-
-
 def _is_interpreter(module: str) -> bool:
     return module.startswith(INTERPRETER_PREFIXES)
 
 
 def test_no_import_cycles_except_the_capture_interpreter():
-    bad = [group for group in _cycles(_edges())
-           if not all(map(_is_interpreter, group)) and group not in KNOWN_CYCLES]
+    bad = [group for group in _cycles(_edges()) if not all(map(_is_interpreter, group))]
     assert not bad, "import cycles across files:\n" + "\n".join(" <-> ".join(g) for g in bad)
 
 

@@ -32,8 +32,8 @@ import torch
 
 from kiln.autograd.compiled_graph import (CompiledGraph, Compilers, DoubleBackwardError,
                                           identity_compiler)
-from kiln.autograd.trace import (AutogradUnsupported, JointGraph, OutputInfo, TensorSpec,
-                                 trace_inference, trace_joint)
+from kiln.autograd.joint import AutogradUnsupported, JointGraph, OutputInfo, TensorSpec
+from kiln.autograd.trace import trace_inference, trace_joint
 
 __all__ = [
     "AutogradUnsupported",

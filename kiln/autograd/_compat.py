@@ -14,6 +14,8 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from kiln.capture._compat import new_fake_mode  # one factory for every stage (capture's floor)
+
 __all__ = [
     "FakeTensor",
     "FakeTensorMode",
@@ -38,11 +40,6 @@ OpOverload = torch._ops.OpOverload
 
 tree_flatten: Callable[[Any], tuple[list[Any], Any]] = pytree.tree_flatten
 tree_unflatten: Callable[[list[Any], Any], Any] = pytree.tree_unflatten
-
-
-def new_fake_mode() -> FakeTensorMode:
-    """A fresh fake mode with static shapes; real tensors met during a trace are constants."""
-    return FakeTensorMode(allow_non_fake_inputs=True)
 
 
 def is_fake(value: Any) -> bool:

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
+    from kiln.autograd.joint import OutputInfo
     from kiln.autograd.mutation import StandIns
-    from kiln.autograd.trace import OutputInfo
 
 __all__ = ["BackwardTrace", "SavedTensorModified", "backward_errors", "is_saved_tensor_modified",
            "make_tangents", "tangent_strides"]

@@ -34,8 +34,8 @@ import torch.fx
 from kiln.autograd import _compat
 from kiln.autograd.epilogue import Epilogue
 from kiln.autograd.mutation import is_leaf_write
-from kiln.autograd.trace import (AutogradUnsupported, JointGraph, TensorSpec, lifted_attributes,
-                                 trace_inference, trace_joint)
+from kiln.autograd.joint import AutogradUnsupported, JointGraph, TensorSpec
+from kiln.autograd.trace import lifted_attributes, trace_inference, trace_joint
 from kiln.errors import KilnError
 from kiln import records
 from kiln.logs import artifact_enabled, artifact_logger, warn_once

@@ -1,13 +1,32 @@
-"""decompositions: the one decomposition policy of the autograd stage.
+"""decompositions: kiln's one decomposition policy: which ATen ops each stage decomposes, and why.
 
-The table the tracer applies is torch's Core ATen decomposition table, plus `EXTRAS` (ops torch
-has no decomposition for that kiln wants to see as simpler ops), minus `KEEP` (ops the backend
-lowers itself: matmuls, attention, convolution, layer norm; and two ops whose decompositions leave
-the ATen vocabulary for `prims`). Random ops are kept too when eager RNG is on (`rng.eager_rng`),
-so they draw from torch's generator exactly as eager does.
+Two stages decompose, both starting from torch's Core ATen decomposition table:
 
-`tests/autograd/test_census.py` pins the op set this policy produces for the seed block and the
-nanoGPT model, so a torch upgrade that changes it is noticed.
+- autograd (`decomposition_table()`, applied by the tracer as stage 2 records): the core table
+  plus `AUTOGRAD_EXTRAS` (fused ops torch has no decomposition for), minus what autograd keeps.
+  Random ops are kept too when eager RNG is on (`rng.eager_rng`), so they draw from torch's
+  generator exactly as eager does. An op autograd keeps is never expanded by the tracer, not even
+  a CompositeImplicitAutograd one.
+- lower (`kiln.lower.decompositions`, for an op no lowering rule takes): the core table minus what
+  lower keeps (`trace_table()`, also what tests and tools trace ATen graphs with), plus
+  `LOWER_EXTRAS` from torch's full table (`lowering_table()`): composite ops that are only
+  pointwise ops and reductions to the lower stage.
+
+What each stage keeps whole (`keeps(op, stage)`, every overload of a packet):
+
+- both: `LIBRARY_KERNELS` and `LIBRARY_KERNEL_PREFIXES`, the matmuls, convolution and fused
+  attention kernels the backend calls as library kernels (externs): a library kernel beats
+  their decomposition.
+- autograd only, `KEEP_AT_AUTOGRAD_ONLY`: `native_layer_norm`, which the lower stage lowers itself
+  (a rule, else its `LOWER_EXTRAS` decomposition), and `var_mean` / `clone`, whose core
+  decompositions leave ATen for `prims` (the lower stage lowers both, and refuses any
+  decomposition that traces to prims).
+- lower only, `KEEP_AT_LOWER_ONLY`: the composite `scaled_dot_product_attention`, an attention op
+  and so the lower stage's own. Autograd leaves it in its table: stage 1 has already expanded
+  this CompositeImplicit op into the fused kernel ATen picks, which both stages keep.
+
+`tests/autograd/test_census.py` pins the op set the autograd policy produces for the seed block
+and the nanoGPT model, so a torch upgrade that changes it is noticed.
 """
 from __future__ import annotations
 
@@ -19,21 +38,43 @@ import torch
 from kiln.autograd import _compat
 from kiln.autograd.rng import eager_rng, is_random
 
-__all__ = ["EXTRAS", "FUNCTION_FIXES", "KEEP", "KEEP_PREFIXES", "decomposition_table", "keeps"]
+__all__ = ["AUTOGRAD_EXTRAS", "FUNCTION_FIXES", "KEEP", "KEEP_AT_AUTOGRAD_ONLY",
+           "KEEP_AT_LOWER_ONLY", "LIBRARY_KERNELS", "LIBRARY_KERNEL_PREFIXES", "LOWER_EXTRAS",
+           "decomposition_table", "keeps"]
 
 aten = torch.ops.aten
 
-# Overload packets (all overloads) the backend wants as they are.
-KEEP: frozenset[str] = frozenset({
-    "aten::addmm", "aten::mm", "aten::bmm",
-    "aten::convolution", "aten::convolution_backward",
+# -- what each stage keeps whole (overload packets: every overload) --------------------------------
+LIBRARY_KERNELS: frozenset[str] = frozenset({
+    "aten::addmm", "aten::mm", "aten::bmm", "aten::convolution", "aten::convolution_backward",
+})
+LIBRARY_KERNEL_PREFIXES: tuple[str, ...] = ("aten::_scaled_dot_product",)  # forward and backward
+KEEP_AT_AUTOGRAD_ONLY: frozenset[str] = frozenset({
     "aten::native_layer_norm",
     "aten::var_mean",  # its decomposition goes through prims.var / prims.broadcast_in_dim
     "aten::clone",     # decomposes to prims.clone
 })
-KEEP_PREFIXES: tuple[str, ...] = ("aten::_scaled_dot_product",)
+KEEP_AT_LOWER_ONLY: frozenset[str] = frozenset({"aten::scaled_dot_product_attention"})
+KEEP: dict[str, frozenset[str]] = {
+    "autograd": LIBRARY_KERNELS | KEEP_AT_AUTOGRAD_ONLY,
+    "lower": LIBRARY_KERNELS | KEEP_AT_LOWER_ONLY,
+}
 
 
+def keeps(op: _compat.OpOverload, stage: str) -> bool:
+    """True when `stage` ("autograd" or "lower") leaves `op` as it is."""
+    name = _packet_name(op)
+    return name in KEEP[stage] or name.startswith(LIBRARY_KERNEL_PREFIXES)
+
+
+def _packet_name(op: _compat.OpOverload) -> str:
+    """"aten::mm" for every overload of aten.mm; "" for a table key that is not an overload."""
+    if not isinstance(op, _compat.OpOverload):
+        return ""
+    return f"{op.namespace}::{op.overloadpacket.__name__}"
+
+
+# -- what each stage adds to the core table ---------------------------------------------------------
 def _native_multi_head_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                                  embed_dim: int, num_head: int, qkv_weight: torch.Tensor,
                                  qkv_bias: torch.Tensor, proj_weight: torch.Tensor,
@@ -63,10 +104,35 @@ def _native_multi_head_attention(query: torch.Tensor, key: torch.Tensor, value: 
     return out, (probs.mean(dim=1) if average_attn_weights else probs)
 
 
-EXTRAS: dict[_compat.OpOverload, Callable] = {
+AUTOGRAD_EXTRAS: dict[_compat.OpOverload, Callable] = {
     aten._native_multi_head_attention.default: _native_multi_head_attention,
 }
 
+
+# Composite ops the lower stage decomposes (torch has decompositions, not in its core table).
+LOWER_EXTRAS: tuple[_compat.OpOverload, ...] = (
+    aten._softmax.default,
+    aten._log_softmax.default,
+    aten.native_layer_norm.default,
+    aten.native_batch_norm.default,
+    aten._native_batch_norm_legit_functional.default,
+    aten._native_batch_norm_legit_no_training.default,
+    aten._native_batch_norm_legit.default,
+    aten._native_batch_norm_legit.no_stats,
+    aten.max_pool2d_with_indices.default,
+    aten._adaptive_avg_pool2d.default,
+    aten.hardtanh.default,
+    aten.leaky_relu.default,
+    aten.elu.default,
+    aten.native_group_norm.default,
+    aten.native_dropout.default,
+    aten.addmv.default,
+    aten.repeat.default,
+    aten.diagonal.default,
+)
+
+
+# -- autograd: fixes around torch calls, and the tracer's table ----------------------------------
 
 def _lstm_states_like_hx(func: Callable, args: tuple, kwargs: dict) -> object:
     """torch.lstm with the final states in the shapes of the initial ones. torch's Python
@@ -87,22 +153,16 @@ FUNCTION_FIXES: dict[Callable, Callable] = {
 }
 
 
-def keeps(op: _compat.OpOverload) -> bool:
-    """True when the policy leaves `op` as it is."""
-    name = f"{op.namespace}::{op.overloadpacket.__name__}"
-    return name in KEEP or name.startswith(KEEP_PREFIXES)
-
-
 _tables: dict[bool, dict] = {}
 
 
 def decomposition_table(*, eager_random: bool | None = None) -> dict:
-    """op overload -> decomposition, for the tracer. Built once per RNG policy."""
+    """op overload -> decomposition, for the autograd tracer. Built once per RNG policy."""
     eager_random = eager_rng() if eager_random is None else eager_random
     table = _tables.get(eager_random)
     if table is None:
-        merged = {**_compat.core_aten_decompositions(), **EXTRAS}
+        merged = {**_compat.core_aten_decompositions(), **AUTOGRAD_EXTRAS}
         table = {op: fn for op, fn in merged.items()
-                 if not keeps(op) and not (eager_random and is_random(op))}
+                 if not keeps(op, "autograd") and not (eager_random and is_random(op))}
         _tables[eager_random] = table
     return table

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import torch
 
 from kiln.autograd import _compat
-from kiln.autograd.trace import JointGraph, OutputInfo
+from kiln.autograd.joint import JointGraph, OutputInfo
 
 __all__ = ["OUTPUT_KINDS", "Epilogue", "OutputRule", "WriteBack"]
 

@@ -23,8 +23,8 @@ import torch.fx
 from kiln.autograd import _compat
 from kiln.autograd.rng import eager_rng, is_random
 from kiln.autograd.mutation import mutated_arg_positions
-from kiln.autograd.trace import (PROVENANCE_KEYS, ATenTracer, AutogradUnsupported, JointGraph,
-                                 OutputInfo, RawTrace)
+from kiln.autograd.joint import AutogradUnsupported, JointGraph, OutputInfo, RawTrace
+from kiln.autograd.tracer import PROVENANCE_KEYS, ATenTracer
 from kiln.errors import InternalError
 
 __all__ = ["functionalize_raw", "check_functional", "tag_phases", "eliminate_dead_code"]

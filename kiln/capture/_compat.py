@@ -28,8 +28,13 @@ def autocast_state() -> tuple:
                  if torch.is_autocast_enabled(dev))
 
 
-def new_fake_mode() -> FakeTensorMode:
-    return FakeTensorMode(allow_non_fake_inputs=False)
+def new_fake_mode(*, allow_non_fake_inputs: bool) -> FakeTensorMode:
+    """A fresh fake mode with static shapes (no ShapeEnv: every size is a plain int): the one
+    factory of every stage that traces on fake tensors (autograd and lower import it through
+    their own `_compat`). `allow_non_fake_inputs`: a real tensor that reaches an op becomes a
+    constant (autograd's tracer, lower's decomposition traces) instead of an error (capture,
+    where every tensor must enter the graph through a tracked source)."""
+    return FakeTensorMode(allow_non_fake_inputs=allow_non_fake_inputs)
 
 
 def is_fake(value: Any) -> bool:

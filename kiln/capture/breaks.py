@@ -5,7 +5,8 @@ replays side effects, runs that one instruction natively (a call or a data-depen
 returns `resume(...)`. A resume function is a copy of the function's canonical instructions with a
 prefix that rebuilds the operand stack (re-entering active `with` blocks) and jumps to the next
 instruction; it takes the stack values and live locals as arguments and is itself compiled by
-kiln, once per break point (cached here by its layout).
+kiln, once per break point (cached here by its layout), through `compile_hook`: the frame compiler
+(`convert.py`) sits above this file.
 
 Where resuming is unsafe (inside a loop or a `try`, or with cells the resume cannot share), the
 function has no graph of its own and runs a route-only copy (`route_only`): its calls of user
@@ -15,14 +16,16 @@ the original code where nothing beneath the frame is compiled.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import inspect
 import types
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
+from kiln.capture import compile_hook
 from kiln.capture.bytecode import Instr, assemble, decode, decode_fresh, emit
+from kiln.capture.module_wrapper import CompiledModule
+from kiln.capture.rules import DISABLED, is_library_module
 from kiln.capture.unsupported import unsupported
 
 if TYPE_CHECKING:
@@ -86,7 +89,6 @@ _resume_fns: dict[tuple, Callable] = {}
 def resume_function(fn: types.FunctionType, layout: ResumeLayout,
                     settings: CompileSettings) -> Callable:
     """The compiled resume function for `layout` (one per break point and layout)."""
-    from kiln.capture.convert import compile_function
     key = (layout, settings.key(), closure_key(fn), id(fn.__globals__))
     compiled = _resume_fns.get(key)
     if compiled is None:
@@ -94,7 +96,7 @@ def resume_function(fn: types.FunctionType, layout: ResumeLayout,
         if code is None:
             code = _resume_codes[layout] = _build_resume_code(layout)
         resume = types.FunctionType(code, fn.__globals__, code.co_name, None, fn.__closure__)
-        compiled = _resume_fns[key] = compile_function(resume, settings)
+        compiled = _resume_fns[key] = compile_hook.compile_function(resume, settings)
     return compiled
 
 
@@ -159,16 +161,6 @@ CONTEXT_FACTORIES: dict[str, Any] = {
 
 
 # -- routing: calls made natively at a break still go through kiln ------------------------------
-@functools.lru_cache(maxsize=None)
-def _route_deps() -> tuple:
-    """route's imports, resolved once: an import statement in a function costs ~4 us per call
-    (importlib's fromlist handling), and routing runs at call sites of route-only frames."""
-    from kiln.capture.convert import compile_function
-    from kiln.capture.module_wrapper import CompiledModule
-    from kiln.capture.rules import DISABLED, is_library_module
-    return compile_function, CompiledModule, DISABLED, is_library_module
-
-
 # Callables route() always returns unchanged: C functions and methods (tensor methods, torch
 # ops, builtins). Checked by exact type first: most calls a route-only frame makes are these.
 _NEVER_ROUTED = (types.BuiltinFunctionType, types.MethodWrapperType,
@@ -203,7 +195,6 @@ class Router:
         return self._resolve(value)
 
     def _resolve(self, value: Any) -> Any:
-        compile_function, CompiledModule, DISABLED, is_library_module = _route_deps()
         if id(value) in DISABLED:
             return value
         if isinstance(value, types.MethodType) and isinstance(value.__func__, types.FunctionType):
@@ -212,7 +203,7 @@ class Router:
             module = self.modules[id(value)] = CompiledModule(value, self.settings)
             return module
         if isinstance(value, types.FunctionType) and not is_library_module(value.__module__ or ""):
-            return compile_function(value, self.settings)
+            return compile_hook.compile_function(value, self.settings)
         return value
 
     def call(self, fn: Any, args: tuple, kwnames: tuple) -> Any:

@@ -17,6 +17,7 @@ from typing import Any, Callable
 import torch
 
 from kiln import records
+from kiln.capture import compile_hook
 from kiln.capture.cache import (CacheEntry, CodeCache, build_dispatcher, cache_for, compiling,
                                 compiling_scope)
 from kiln.capture.breaks import check_resumable, route_only
@@ -384,6 +385,11 @@ def compile_function(fn: types.FunctionType, settings: CompileSettings) -> Calla
 
     kiln_compiled._kiln_compiled = compiled  # type: ignore[attr-defined]
     return kiln_compiled
+
+
+# Resume functions and routed calls are compiled by this function, from files below this one
+# (`compile_hook` says why it is installed rather than imported).
+compile_hook.install(compile_function)
 
 
 def dump_capture(code: types.CodeType, gm: Any, guards: list, body: list[str]) -> str | None:

@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import torch
 
-from kiln.capture.convert import compile_function
+from kiln.capture import compile_hook
 from kiln.capture.settings import CompileSettings
 from kiln.capture.variables.nn_module import call_module_with_hooks, module_has_hooks
 
@@ -40,7 +40,7 @@ class CompiledModule(torch.nn.Module):
         cache = self._kiln_forwards
         compiled = cache.get(id(fn))
         if compiled is None:
-            compiled = cache[id(fn)] = (fn, compile_function(fn, self._kiln_settings))
+            compiled = cache[id(fn)] = (fn, compile_hook.compile_function(fn, self._kiln_settings))
         bound = compiled[1]
         if raw is not None:
             return bound

@@ -36,7 +36,7 @@ class OutputGraph:
     def __init__(self, consts: Constants | None = None,
                  dynamic_scalars: frozenset[str] = frozenset(), trace_numpy: bool = True) -> None:
         self.graph = torch.fx.Graph()
-        self.fake_mode = _compat.new_fake_mode()
+        self.fake_mode = _compat.new_fake_mode(allow_non_fake_inputs=False)
         self.consts = consts if consts is not None else Constants()
         self.guards = GuardSet(self.consts)
         self.inputs: list[GraphInput] = []

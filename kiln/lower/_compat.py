@@ -11,6 +11,8 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx
 
+from kiln.capture._compat import new_fake_mode  # one factory for every stage (capture's floor)
+
 __all__ = [
     "OpOverload",
     "PROMOTION",
@@ -69,12 +71,6 @@ def elementwise_dtypes(*args: Any, kind: Any) -> tuple[torch.dtype, torch.dtype]
     from torch._prims_common import elementwise_dtypes as promote
 
     return promote(*args, type_promotion_kind=kind)
-
-
-def new_fake_mode() -> Any:
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    return FakeTensorMode(allow_non_fake_inputs=True)
 
 
 def fake_tensor_like(mode: Any, size: Sequence[int], stride: Sequence[int], dtype: torch.dtype,

@@ -1,16 +1,12 @@
-"""decompositions: the lower stage's decomposition policy.
+"""decompositions: the lower stage's decomposition machinery; the policy is the autograd stage's.
 
-One policy, two uses:
+Which ops are decomposed here, and why, is `kiln.autograd.decompositions` (kiln's one policy):
 
 - `lowering_table()`: what the FX interpreter uses for an op that has no lowering rule (or whose
-  rules' checkers all refuse): torch's Core ATen table plus `EXTRAS` (composite ops torch keeps
-  in its core set but that are just pointwise + reductions for us), minus `KEEP`.
-- `trace_table()`: what tests and tools trace ATen graphs with (`trace_aten`): the core
-  table minus `KEEP`, i.e. the graphs a real autograd stage hands over.
-
-`KEEP` is the short do-not-decompose list: ops that are externs here (matmul, convolution,
-attention: a library kernel beats their decomposition) and ops whose core decomposition would
-leave the ATen vocabulary.
+  rules' checkers all refuse): torch's Core ATen table minus what the lower stage keeps, plus the
+  policy's `LOWER_EXTRAS`.
+- `trace_table()`: what tests and tools trace ATen graphs with (`trace_aten`): the core table
+  minus what the lower stage keeps.
 
 A decomposition is applied by tracing it on fake tensors of the node's metadata
 (`decompose(op, args, kwargs)`) and lowering the small ATen graph in place of the node; the
@@ -25,55 +21,21 @@ from typing import Any, Callable
 import torch
 import torch.fx
 
+from kiln.autograd.decompositions import LOWER_EXTRAS, keeps
 from kiln.lower import _compat
 
-__all__ = ["EXTRAS", "KEEP_PREFIXES", "decompose", "lowering_table", "reset", "trace_aten",
-           "trace_table"]
+__all__ = ["decompose", "lowering_table", "reset", "trace_aten", "trace_table"]
 
-aten = torch.ops.aten
 log = logging.getLogger("kiln.lower")
-
-# Overload packets kept whole (all overloads).
-KEEP_PREFIXES: tuple[str, ...] = (
-    "aten::mm", "aten::bmm", "aten::addmm", "aten::convolution", "aten::convolution_backward",
-    "aten::_scaled_dot_product", "aten::scaled_dot_product_attention",
-)
-
-# Composite ops decomposed at lowering time (torch has decompositions but not in its core table).
-EXTRAS: tuple[Any, ...] = (
-    aten._softmax.default,
-    aten._log_softmax.default,
-    aten.native_layer_norm.default,
-    aten.native_batch_norm.default,
-    aten._native_batch_norm_legit_functional.default,
-    aten._native_batch_norm_legit_no_training.default,
-    aten._native_batch_norm_legit.default,
-    aten._native_batch_norm_legit.no_stats,
-    aten.max_pool2d_with_indices.default,
-    aten._adaptive_avg_pool2d.default,
-    aten.hardtanh.default,
-    aten.leaky_relu.default,
-    aten.elu.default,
-    aten.native_group_norm.default,
-    aten.native_dropout.default,
-    aten.addmv.default,
-    aten.repeat.default,
-    aten.diagonal.default,
-)
 
 _tables: dict[str, dict] = {}
 _traced: dict[Any, torch.fx.GraphModule | None] = {}
 
 
-def keeps(op: Any) -> bool:
-    name = getattr(getattr(op, "_schema", None), "name", "")
-    return name.startswith(KEEP_PREFIXES)
-
-
 def trace_table() -> dict:
     if "trace" not in _tables:
         core = _compat.core_aten_decompositions()
-        _tables["trace"] = {op: fn for op, fn in core.items() if not keeps(op)}
+        _tables["trace"] = {op: fn for op, fn in core.items() if not keeps(op, "lower")}
     return _tables["trace"]
 
 
@@ -91,7 +53,7 @@ def lowering_table() -> dict:
     if "lower" not in _tables:
         table = dict(trace_table())
         full = _compat.full_decomposition_table()
-        for op in EXTRAS:
+        for op in LOWER_EXTRAS:
             if op in full:
                 table[op] = full[op]
         _tables["lower"] = table
@@ -133,7 +95,7 @@ def decompose(op: Any, meta_args: tuple, meta_kwargs: dict) -> torch.fx.GraphMod
 
 def _trace(fn: Callable[..., Any], meta_args: tuple, meta_kwargs: dict,
            table: dict) -> torch.fx.GraphModule | None:
-    mode = _compat.new_fake_mode()
+    mode = _compat.new_fake_mode(allow_non_fake_inputs=True)
     leaves, spec = _compat.tree_flatten((meta_args, meta_kwargs))
     positions = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
     fakes = [_compat.fake_tensor_like(mode, leaves[i].shape, leaves[i].stride(), leaves[i].dtype,

@@ -19,7 +19,7 @@ class NodeEmitter:
 
     def __init__(self, graph: torch.fx.Graph, location: Any) -> None:
         self.graph = graph
-        self.mode = _compat.new_fake_mode()
+        self.mode = _compat.new_fake_mode(allow_non_fake_inputs=True)
         self.fakes: dict[torch.fx.Node, Any] = {}
         self.location = location
 

@@ -16,12 +16,11 @@ import torch
 
 from kiln.lower import _compat
 from kiln.lower.index import Expr, sym
-from kiln.lower.ir import (
+from kiln.lower.nodes import (
     ComputedBuffer,
     ExternKernel,
     ExternOutput,
     Fallback,
-    IRGraph,
     Reduction,
     TensorArg,
 )
@@ -196,7 +195,9 @@ def _print_extern(node: ExternKernel) -> list[str]:
                   f"{format_value(node.kwargs)}, [{', '.join(outs)}])"]
 
 
-def print_graph(graph: IRGraph) -> str:
+def print_graph(graph: Any) -> str:
+    """`graph` (an `ir.IRGraph`, whose `str()` calls this: hence no import of `ir` here) as the
+    text of a module whose `call(...)` runs it."""
     params = [buf.name if buf is not None else f"unused{i}" for i, buf in enumerate(graph.inputs)]
     lines = [HEADER, "", f"def call({', '.join([*params, 'constants=None'])}):",
              "    rt = PrintedRun(constants)"]

@@ -9,9 +9,9 @@ import torch.nn.functional as F
 
 import kiln
 from kiln.autograd import AutogradUnsupported, JointGraph, trace_inference, trace_joint
-from kiln.autograd.decompositions import EXTRAS, decomposition_table, keeps
+from kiln.autograd.decompositions import AUTOGRAD_EXTRAS, decomposition_table, keeps
+from kiln.autograd.mutation import mutated_arg_positions
 from kiln.autograd.rng import eager_rng, is_random
-from kiln.autograd.trace import mutated_arg_positions
 from kiln.tools.seed_model import TransformerBlock
 
 aten = torch.ops.aten
@@ -151,7 +151,7 @@ def test_keep_list_and_extras():
                aten.native_layer_norm.default, aten.convolution.default,
                aten._scaled_dot_product_flash_attention_for_cpu.default,
                aten._scaled_dot_product_flash_attention_for_cpu_backward.default):
-        assert keeps(op) and op not in decomposition_table(), op
+        assert keeps(op, "autograd") and op not in decomposition_table(), op
     assert aten._native_multi_head_attention.default in decomposition_table()
     assert aten.native_layer_norm_backward.default in decomposition_table()
 
@@ -164,7 +164,7 @@ def test_native_multi_head_attention_decomposition(need_weights, average):
             mha.out_proj.bias, None, need_weights, average)
     with torch.no_grad():
         expected = aten._native_multi_head_attention.default(*args)
-        got = EXTRAS[aten._native_multi_head_attention.default](*args)
+        got = AUTOGRAD_EXTRAS[aten._native_multi_head_attention.default](*args)
     torch.testing.assert_close(got[0], expected[0], rtol=1e-4, atol=1e-5)
     if need_weights:
         torch.testing.assert_close(got[1], expected[1], rtol=1e-4, atol=1e-5)
