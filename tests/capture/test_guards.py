@@ -306,6 +306,34 @@ def test_module_attribute_flag_change(counting_backend):
     assert counting_backend.count == 2
 
 
+class _HoldsContainers(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scales = [1.5, 2.0]
+        self.opts = {"shift": 3.0, "pair": [0.5, 4.0]}
+
+    def forward(self, x):
+        return x * self.scales[0] + self.opts["shift"] - self.opts["pair"][1]
+
+
+def test_list_and_dict_held_by_a_module_changed_in_place(counting_backend):
+    """`m.scales[0] = 5` changes no module attribute (the module version does not move), so
+    guards on a module's list or dict items are checked on every call (was a silent wrong
+    answer: the old constants stayed baked into the graph)."""
+    m = _HoldsContainers()
+    c = _compile(m, counting_backend)
+    _run(c, m, torch.randn(3, 4))
+    m.scales[0] = -5.0
+    _run(c, m, torch.randn(3, 4))
+    m.opts["shift"] = 0.25
+    _run(c, m, torch.randn(3, 4))
+    m.opts["pair"][1] = -7.0
+    _run(c, m, torch.randn(3, 4))
+    m.scales.append(9.0)
+    _run(c, m, torch.randn(3, 4))
+    assert counting_backend.count == 5
+
+
 def test_train_eval_toggle(counting_backend):
     m = _Flagged()
     c = _compile(m, counting_backend)

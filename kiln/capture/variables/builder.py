@@ -88,6 +88,10 @@ def _wrap(tx: Translator, value: Any, source: Source, module_guard: bool) -> VT:
     if isinstance(value, torch.nn.Module):
         guards.module_instance(source, value, module=module_guard, location=loc)
         return ModuleVT(value, source)
+    if type(value) in (list, dict):
+        # a list or dict held by a module changes in place (`m.scales[0] = 5`) without moving
+        # the module version: its guards, and its items', are checked on every call
+        module_guard = False
     if type(value) in (tuple, list) or isinstance(value, tuple):
         guards.length(source, value, module=module_guard, location=loc)
         items = [wrap(tx, item, Item(source, i), module_guard=module_guard)
