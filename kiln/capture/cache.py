@@ -185,10 +185,15 @@ class Dispatcher:
     source: str
 
 
+_OTHERS_CHECKED = 7  # entries a variant tries after its own before the slow path
+
+
 def build_dispatcher(cache: CodeCache, fn: types.FunctionType, slow: Callable[..., Any],
-                     fallback: Callable, probe: Callable[..., Any], skips: Any) -> Dispatcher:
+                     fallback: Callable, probe: Callable[..., Any], skips: Any,
+                     point: Callable[[Callable], None]) -> Dispatcher:
     """Generate and exec the dispatch code for `fn` over the cache's current entries (`skips`:
-    the function's `skip.SkipDecisions`, read by the code of a frame capture gave up on)."""
+    the function's `skip.SkipDecisions`, read by the code of a frame capture gave up on;
+    `point(variant)`: make `variant` what the compiled function calls next)."""
     params = ", ".join(cache.params)
     signature = signature_source(cache.code)
     lines = []
@@ -197,7 +202,7 @@ def build_dispatcher(cache: CodeCache, fn: types.FunctionType, slow: Callable[..
         "__cells": fn.__closure__, "__modver": MODULE_VERSION, "__slow": slow, "__orig": fn,
         "__fallback_fn": fallback, "__probe": probe, "__dead": skips.dead,
         "__settled": skips.settled, "__live": skips.live, "__Module": torch.nn.Module,
-        "__id": id, "__isinstance": isinstance, "__graph_runs": GRAPH_RUNS,
+        "__id": id, "__isinstance": isinstance, "__graph_runs": GRAPH_RUNS, "__point": point,
     }
     for i, entry in enumerate(cache.entries):
         namespace[f"__ev{i}"] = entry.version
@@ -207,14 +212,20 @@ def build_dispatcher(cache: CodeCache, fn: types.FunctionType, slow: Callable[..
         if entry.graph is not None:
             lines.append("    __graph_runs[0] += 1")
         lines.extend(f"    {line.replace('__graph(', f'__graph_{i}(')}" for line in entry.body)
-        fast = [g.source() for g in entry.guards if not g.module]
-        fast.append(f"__modver[0] == __ev{i}[0]")
         lines.append(f"def __check{i}({params}):")
-        lines.append(f"    return {' and '.join(fast)}")
+        lines.append(f"    return {_fast_check(i, entry)}")
         lines.extend(_rebind_source(i, entry, params))
+    for i, entry in enumerate(cache.entries):
         lines.append(f"def __variant{i}({signature}):")
-        lines.append(f"    if {' and '.join(fast)}:")
+        lines.append(f"    if {_fast_check(i, entry)}:")
         lines.append(f"        return __entry{i}({params})")
+        # the other entries next, without the lock: layers of one class whose inputs differ
+        # (the first layer's input needs no grad, the others' do) alternate between two entries
+        # (no reordering, which takes the lock: the function is pointed at entry j's variant)
+        for j in [j for j in range(len(cache.entries)) if j != i][:_OTHERS_CHECKED]:
+            lines.append(f"    if __check{j}({params}):")
+            lines.append(f"        __point(__variant{j})")
+            lines.append(f"        return __entry{j}({params})")
         lines.append(f"    return __slow({params})")
     lines.append(f"def __empty({signature}):")
     lines.append(f"    return __slow({params})")
@@ -258,16 +269,25 @@ def dead_key_source(code: types.CodeType) -> str:
     return f"__id({first}) if __isinstance({first}, __Module) else 0"
 
 
+def _fast_check(i: int, entry: CacheEntry) -> str:
+    """Entry `i`'s guards checked on every call, and its module guards' version."""
+    fast = [g.source() for g in entry.guards if not g.module]
+    fast.append(f"__modver[0] == __ev{i}[0]")
+    return " and ".join(fast)
+
+
 def _rebind_source(i: int, entry: CacheEntry, params: str) -> list[str]:
     """`__rebind{i}(params)`: if every guard but module identity holds for these arguments (say
-    another instance of the same layer class), point the identity slots at them; True on success."""
+    another instance of the same layer class), add them to the identity slots (keeping the
+    instances verified before when the module version has not moved since); True on success."""
     others = [g.source() for g in entry.guards if g.kind != "instance"]
     slots = [g for g in entry.guards if g.kind == "instance"]
     lines = [f"def __rebind{i}({params}):", "    try:",
              f"        if not ({' and '.join(others) or 'True'}):", "            return False",
              "    except Exception:  # a guard on state that is gone (a deleted attribute, ...)",
-             "        return False"]
-    lines += [f"    {g.expected_src.removesuffix('.get()')}.set({g.value})" for g in slots]
+             "        return False",
+             f"    __keep = __ev{i}[0] == __modver[0]"]
+    lines += [f"    {g.expected_src}.set({g.value}, __keep)" for g in slots]
     lines.append("    return True")
     return lines
 

@@ -64,7 +64,8 @@ class CompiledFunction:
     def refresh(self) -> None:
         with _lock:
             self.dispatcher = build_dispatcher(self.cache, self.fn, self.slow,
-                                               self._fallback_fn(), self.probe, self.skips)
+                                               self._fallback_fn(), self.probe, self.skips,
+                                               self._point)
             self.version = self.cache.version
             self._point_at_first()
 
@@ -83,6 +84,9 @@ class CompiledFunction:
                              user_terms(self.fn.__qualname__), exc_info=True)
                 self._route_only = self.fn
         return self._route_only
+
+    def _point(self, variant: Callable) -> None:
+        self.dispatch = variant
 
     def _point_at_first(self) -> None:
         entries = self.cache.entries

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from kiln.capture import _compat
+from kiln.capture.mutation import watch
 from kiln.capture.sources import Source
 from kiln.diagnostics import GuardFailure, GuardRecord, UserLocation
 
@@ -46,6 +47,8 @@ class Guard:
     slot: Any = None  # InstanceSlot of a rebindable module-identity guard (kind "instance")
 
     def source(self) -> str:
+        if self.slot is not None:  # identity through an InstanceSlot bound as `expected_src`
+            return f"{self.expected_src}.holds({self.value})"
         return f"{self.value} {self.op} {self.expected_src}"
 
     def record(self) -> GuardRecord:
@@ -83,19 +86,40 @@ def _show(value: Any) -> str:
 
 
 class InstanceSlot:
-    """The module instance an entry was last verified for (weakly held). Another instance of the
-    same class whose every other guard holds may reuse the entry: the slot is then rebound."""
+    """The module instances an entry's guards were verified for at its module version (weakly
+    held). Another instance of the same class whose every other guard holds may reuse the entry:
+    the slot then holds it too, so layers of one class that alternate (a decoder stack) each
+    pass the inlined identity check (`refs.get(id(x), _DEAD)() is x`) instead of rebinding on
+    every call. When the module version moved since the last verification, the instances held
+    are dropped: each is verified again on its next call."""
 
-    __slots__ = ("ref", "__weakref__")
+    __slots__ = ("refs", "__weakref__")
 
     def __init__(self, obj: Any) -> None:
-        self.ref = weakref.ref(obj)
+        self.refs: dict[int, weakref.ref] = {}
+        self.set(obj, keep=False)
 
     def get(self) -> Any:
-        return self.ref()
+        """The most recently verified instance (None when it died)."""
+        return next(reversed(self.refs.values()))() if self.refs else None
 
-    def set(self, obj: Any) -> None:
-        self.ref = weakref.ref(obj)
+    def holds(self, obj: Any) -> bool:
+        return self.refs.get(id(obj), _dead)() is obj
+
+    def set(self, obj: Any, keep: bool = False) -> None:
+        """Verified `obj`; `keep`: the others held are still verified (no version move)."""
+        if not keep or len(self.refs) >= _MAX_INSTANCES:
+            self.refs = {}
+        watch(obj)
+        self.refs.pop(id(obj), None)  # most recent last
+        self.refs[id(obj)] = weakref.ref(obj)
+
+
+def _dead() -> None:
+    return None
+
+
+_MAX_INSTANCES = 256  # a model's layers of one class; beyond it, start over (never unbounded)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,6 +148,7 @@ class Constants:
         return f"__k{self.index(value)}"
 
     def index_weak(self, value: Any) -> int:
+        watch(value)  # generated code guards this module: its changes must move the version
         key = ("weak", id(value))
         if key not in self._index or self.values[self._index[key]]() is not value:
             self._index[key] = len(self.values)
@@ -178,7 +203,7 @@ class GuardSet:
         """Type always; identity through a rebindable slot (see InstanceSlot)."""
         self.type_match(source, value, module=module, location=location)
         slot = InstanceSlot(value)
-        self.add(Guard(source.expr(), "is", f"{self.consts.ref(slot)}.get()",
+        self.add(Guard(source.expr(), "is", self.consts.ref(slot),
                        _IdentityOf(source.name()), source.name(), "instance", module, location,
                        slot=slot))
 

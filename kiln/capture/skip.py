@@ -21,8 +21,10 @@ import types
 import weakref
 from typing import Any, Callable
 
+import torch
+
 from kiln.capture.cache import GRAPH_RUNS, dead_key
-from kiln.capture.mutation import MODULE_VERSION
+from kiln.capture.mutation import MODULE_VERSION, watch
 from kiln.config import config
 
 __all__ = ["QUIET_PROBES", "SkipDecisions"]
@@ -79,6 +81,7 @@ class SkipDecisions:
             quiet = self.quiet[key] = self.quiet.get(key, 0) + 1
             if quiet >= QUIET_PROBES:
                 self._watch(key, values)
+                _watch_tree(values[0] if key else None)
                 self.dead[key] = MODULE_VERSION[0]  # after the run: it may move the counter
         return result
 
@@ -92,3 +95,11 @@ class SkipDecisions:
             table.pop(key, None)
         self.live.discard(key)
         self.settled.discard(key)
+
+
+def _watch_tree(module: Any) -> None:
+    """A skip decision holds until some module beneath the frame's changes (`model.inner =
+    Capturable()` must probe again): every module of the tree moves the version from now on."""
+    if isinstance(module, torch.nn.Module):
+        for sub in module.modules():
+            watch(sub)

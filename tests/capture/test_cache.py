@@ -18,15 +18,18 @@ def test_most_recently_hit_entry_is_checked_first(counting_backend):
     small, large = torch.randn(2), torch.randn(5)
     compiled(small)
     compiled(large)
-    first_small, first_large = [e.graph for e in _entries(compiled)][::-1]
-    assert _entries(compiled)[0].graph is first_large  # newest first
+    small_entry, large_entry = _entries(compiled)[::-1]
+    assert _entries(compiled)[0] is large_entry  # newest first
+    cf = compiled._kiln_compiled
+    variant = lambda entry: cf.dispatcher.variants[id(entry)]  # noqa: E731
+    assert cf.dispatch is variant(large_entry)
     torch.testing.assert_close(compiled(small), small * 2, rtol=0, atol=0)
-    assert _entries(compiled)[0].graph is first_small  # a hit moves it to the front
-    dispatch = compiled._kiln_compiled.dispatch
+    # a hit of another entry (checked inline, without the lock) points the function at it
+    assert cf.dispatch is variant(small_entry)
     torch.testing.assert_close(compiled(small), small * 2, rtol=0, atol=0)
-    assert compiled._kiln_compiled.dispatch is dispatch  # the front hit needs no reordering
+    assert cf.dispatch is variant(small_entry)  # the front hit needs no repointing
     torch.testing.assert_close(compiled(large), large * 2, rtol=0, atol=0)
-    assert _entries(compiled)[0].graph is first_large
+    assert cf.dispatch is variant(large_entry)
     assert counting_backend.count == 2
 
 

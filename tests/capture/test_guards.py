@@ -897,3 +897,96 @@ def test_buffer_replaced(counting_backend):
     _run(c, m, x)
     m.register_buffer("scale", torch.randn(1))
     _run(c, m, x)
+
+
+# --- layers of one class sharing an entry (InstanceSlot) and the watched-module version -------
+
+class _Layer(nn.Module):
+    def __init__(self, scale: float = 2.0) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.scale = scale
+
+    def forward(self, x):
+        return torch.relu(self.lin(x)) * self.scale
+
+
+class _Stack(nn.Module):
+    """transformers' decoder loop when capture gives up on the stack's frame (a break inside
+    the loop): it runs route-only, its layers are compiled one by one, and its
+    `self.layers[:n]` slice builds a new ModuleList on every call."""
+
+    def __init__(self, n: int = 3) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(_Layer() for _ in range(n))
+
+    def forward(self, x):
+        for layer in self.layers[: len(self.layers)]:
+            kiln.graph_break()
+            x = layer(x)
+        return x
+
+
+def _slow_path_calls(monkeypatch):
+    from kiln.capture import convert
+    calls = [0]
+    original = convert.CompiledFunction._choose
+
+    def counting(self, values):
+        calls[0] += 1
+        return original(self, values)
+    monkeypatch.setattr(convert.CompiledFunction, "_choose", counting)
+    return calls
+
+
+def test_layers_of_one_class_alternate_on_the_fast_path(counting_backend, monkeypatch):
+    """One entry serves every layer; after each layer was verified once, alternating layers and
+    the per-call ModuleList slice take no slow path (was 2 per layer call: Llama 1.34x eager)."""
+    from kiln.capture.mutation import MODULE_VERSION
+    model = _Stack()
+    c = _compile(model, counting_backend, fullgraph=False)
+    for _ in range(2):
+        _run(c, model, torch.randn(2, 4))
+    slow, version = _slow_path_calls(monkeypatch), MODULE_VERSION[0]
+    for _ in range(3):
+        _run(c, model, torch.randn(2, 4))
+    assert slow[0] == 0 and MODULE_VERSION[0] == version
+    # two entries shared by the three layers: the first layer's input needs no grad, the
+    # others' (outputs of a Linear) do; a layer whose entry is not the last one hit checks
+    # the other entries inline, not through the slow path
+    assert counting_backend.count == 2
+    with torch.no_grad():
+        for _ in range(3):
+            _run(c, model, torch.randn(2, 4))
+    assert counting_backend.count == 3 and slow[0] <= 3  # verifying each layer for the entry
+
+
+def test_a_changed_layer_is_guarded_again_while_others_share_the_entry(counting_backend):
+    model = _Stack()
+    c = _compile(model, counting_backend, fullgraph=False)
+    _run(c, model, torch.randn(2, 4))
+    assert counting_backend.count == 2  # layer 0's input needs no grad, the others' do
+    model.layers[1].scale = -3.0  # a watched layer: the version moves, layer 1 recompiles
+    _run(c, model, torch.randn(2, 4))
+    _run(c, model, torch.randn(2, 4))
+    assert counting_backend.count == 3
+    model.layers[2] = _Layer(scale=0.5)  # a new module put into a watched list
+    _run(c, model, torch.randn(2, 4))
+    model.layers[2].scale = 7.0  # the new layer is watched since its guards were checked
+    _run(c, model, torch.randn(2, 4))
+    model.layers[0].lin = nn.Linear(4, 4)  # a new submodule: same guards, new weights
+    _run(c, model, torch.randn(2, 4))
+
+
+def test_a_module_no_guard_has_seen_does_not_move_the_version():
+    from kiln.capture.mutation import MODULE_VERSION, watch
+    kiln.compile(nn.Linear(2, 2))  # installs the version counter
+    fresh = nn.ModuleList(nn.Linear(2, 2) for _ in range(3))
+    version = MODULE_VERSION[0]
+    fresh[:2]
+    fresh.append(nn.ReLU())
+    fresh[0].weight = nn.Parameter(torch.randn(2, 2))
+    assert MODULE_VERSION[0] == version
+    watch(fresh[0])
+    fresh[0].bias = None
+    assert MODULE_VERSION[0] > version
