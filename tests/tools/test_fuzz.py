@@ -238,10 +238,18 @@ def test_smoke_campaign(backend):
     assert time.perf_counter() - start < 60
 
 
+def _generated_kernels_device() -> str:
+    """Where the kiln backend's generated kernels run in this process: the Triton interpreter
+    on the CPU (TRITON_INTERPRET=1, set by tests/conftest.py on CPU runs), else the GPU (the
+    CUDA suite: one Triton mode per process, so the interpreter is not available there)."""
+    return "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
+
+
 def test_smoke_campaign_through_triton_interpreter():
+    device = _generated_kernels_device()
     with config.patch(cpu_codegen="triton_interpret"):
         for seed in range(INTERPRET_SEED, INTERPRET_SEED + INTERPRET_COUNT):
-            verdict = check_source(generate_program(seed, size="tiny").source, "kiln")
+            verdict = check_source(generate_program(seed, size="tiny").source, "kiln", device)
             assert verdict.ok, f"seed {seed}: {verdict.failure}: {verdict.detail}"
 
 
@@ -253,12 +261,13 @@ def _known(pattern: str) -> list:
 
 def _check_reproducer(path: str) -> None:
     """Run a reproducer with the backend its name gives (the kiln backend's through the Triton
-    interpreter, where they were found) and assert the oracle's verdict."""
+    interpreter on CPU runs, on the GPU in the CUDA suite) and assert the oracle's verdict."""
     with open(path) as handle:
         source = handle.read()
     backend = next(b for b in ("aot_eager", "eager", "kiln") if f"-{b}-" in path)
+    device = _generated_kernels_device() if backend == "kiln" else "cpu"
     with config.patch(cpu_codegen="triton_interpret" if backend == "kiln" else "eager"):
-        verdict = check_source(source, backend)
+        verdict = check_source(source, backend, device)
     assert verdict.ok, f"{verdict.failure}: {verdict.detail}"
 
 
