@@ -2,8 +2,8 @@
 
 `build_graph` is `lower_graph`'s body: it copies the FX graph (passes never touch the caller's),
 eliminates dead code, rewrites explicit attention, pads misaligned large matmuls on CUDA
-(`padding`), binds placeholders to `InputBuffer`s and `get_attr` tensors to `ConstantBuffer`s,
-runs the `Interpreter`, and turns each output into a strided view of a buffer with eager's
+(`padding`), computes convolution graphs channels-last on CUDA (`channels_last`), binds
+placeholders to `InputBuffer`s and `get_attr` tensors to `ConstantBuffer`s, runs the `Interpreter`, and turns each output into a strided view of a buffer with eager's
 strides (read before the passes; copying only when no view has them).
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import torch
 import torch.fx
 
-from kiln.lower import _compat, rules  # noqa: F401  (rules fills the rule table)
+from kiln.lower import _compat, channels_last, rules  # noqa: F401  (rules: the rule table)
 from kiln.lower.deps import read_writes
 from kiln.lower.ir import (
     ComputedBuffer,
@@ -56,6 +56,7 @@ def build_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None =
     from kiln.lower.padding import pad_matmuls
 
     pad_matmuls(gm)
+    channels_last.use_channels_last(gm)
     builder = GraphBuilder()
     interp = Interpreter(builder)
     _bind_inputs(gm, example_inputs, builder, interp)
