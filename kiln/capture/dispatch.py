@@ -1,4 +1,4 @@
-"""Per-code caches and their generated dispatchers.
+"""dispatch: per-code guard caches and their generated dispatchers.
 
 For each (code object, compile settings) a `CodeCache` holds entries, most recent first. Its
 dispatcher is Python source generated with the user function's own signature: CPython binds the
