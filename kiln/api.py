@@ -104,7 +104,7 @@ class _RawOptions:
 
     @classmethod
     def of(cls, options: Mapping) -> _RawOptions:
-        from kiln.runtime.cache import canonical
+        from kiln.runtime.disk_cache import canonical
 
         value = dict(options)
         try:

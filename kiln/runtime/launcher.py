@@ -39,7 +39,7 @@ from kiln.codegen.build import cache_dir, compile_kernel
 from kiln.codegen.kernel import KernelSpec
 from kiln.errors import KilnError
 from kiln.runtime import binaries
-from kiln.runtime.cache import configure_triton_cache
+from kiln.runtime.disk_cache import configure_triton_cache
 
 __all__ = ["Launcher", "build_launchers", "check_kernel_devices", "compile_mode", "stage_timer"]
 

@@ -27,8 +27,8 @@ from kiln.backends import warm_start  # noqa: E402
 from kiln.backends.kiln_backend import kiln_backend  # noqa: E402
 from kiln.codegen import build  # noqa: E402
 from kiln.config import config  # noqa: E402
-from kiln.runtime import artifact_json, binaries, cache  # noqa: E402
-from kiln.runtime.cache import DiskCache, cache_key, cache_root, entry_hash  # noqa: E402
+from kiln.runtime import artifact_json, binaries, disk_cache  # noqa: E402
+from kiln.runtime.disk_cache import DiskCache, cache_key, cache_root, entry_hash  # noqa: E402
 
 FOREIGN_UID = 12345
 
@@ -329,8 +329,8 @@ def test_a_malformed_binary_entry_is_a_miss(root, field, value):
 
 
 def test_private_root_is_one_per_process():
-    assert cache.private_root() == cache.private_root()
-    assert _mode(cache.private_root()) == 0o700
+    assert disk_cache.private_root() == disk_cache.private_root()
+    assert _mode(disk_cache.private_root()) == 0o700
 
 
 def test_the_kernel_schema_names_every_kernelspec_field():
