@@ -116,7 +116,7 @@ def measure_launch() -> dict:
 
 def compile_once() -> dict:
     """In a fresh process: build the many_ops kernels (mode from KILN_COMPILE_MODE)."""
-    from kiln.codegen.build import run_graph
+    from kiln.codegen.triton_build import run_graph
     from kiln.runtime.launcher import build_launchers, compile_mode
     import triton
     from triton.runtime.driver import driver

@@ -8,8 +8,8 @@ the buffer arguments in call order, constexpr meta, launch options, a grid funct
 Steps: pick a `KernelConfig` (`kernel_configs.py`: pointwise, 2-D tiled pointwise, persistent or
 looped reduction; block sizes, warps, stages; `candidate_configs` for autotuning), run the
 members' bodies under one `TritonPrinter` (`group.py`, `triton_printer.py`, `reductions.py`) with
-fused values kept in registers, wrap them in the kind's prologue and loops; `build.py` writes the
-source to a cache dir, imports it (`triton.jit` needs a real file) and launches it.
+fused values kept in registers, wrap them in the kind's prologue and loops; `triton_build.py`
+writes the source to a cache dir, imports it (`triton.jit` needs a real file) and launches it.
 
 Invariants: static shapes are specialized into the source; masks are elided only where the
 blocks divide the sizes; low-precision data is computed in float32 and rounded once at each

@@ -25,7 +25,7 @@ pytest.importorskip("triton")
 
 from kiln.backends import warm_start  # noqa: E402
 from kiln.backends.kiln_backend import kiln_backend  # noqa: E402
-from kiln.codegen import build  # noqa: E402
+from kiln.codegen import triton_build  # noqa: E402
 from kiln.config import config  # noqa: E402
 from kiln.runtime import artifact_json, binaries, disk_cache  # noqa: E402
 from kiln.runtime.disk_cache import DiskCache, cache_key, cache_root, entry_hash  # noqa: E402
@@ -132,7 +132,7 @@ def test_kernel_source_folder_is_checked_too(tmp_path, monkeypatch, caplog):
     loose.chmod(0o777)
     monkeypatch.setenv("KILN_CODEGEN_CACHE_DIR", str(loose))
     with caplog.at_level(logging.WARNING, logger="kiln"):
-        assert build.cache_dir() != loose
+        assert triton_build.cache_dir() != loose
     assert f"not using the kernel source folder (KILN_CODEGEN_CACHE_DIR) {loose}" in caplog.text
 
 
@@ -207,7 +207,7 @@ def stored(root, monkeypatch, tmp_path):
     config.suppress_errors = False
 
     def compile_and_check():
-        build._compiled.clear()  # as in a new process: kernels built again from their sources
+        triton_build._compiled.clear()  # as in a new process: kernels built again from sources
         x, y = torch.randn(4, 16), torch.randn(4, 16)
         with torch.no_grad():
             out = kiln_backend(torch.fx.symbolic_trace(_graph), [x, y])(x, y)
