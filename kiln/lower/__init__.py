@@ -41,7 +41,7 @@ def lower_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None =
     """Lower an ATen graph to an `IRGraph`. `example_inputs` (one per placeholder) supply
     layouts for placeholders without `meta["val"]`; `attention_rewrite=False` skips the SDPA
     rewrite pass."""
-    from kiln.lower.build import build_graph
+    from kiln.lower.driver import build_graph
 
     return build_graph(gm, example_inputs, attention_rewrite=attention_rewrite)
 

@@ -7,7 +7,7 @@ import torch
 
 from kiln.lower import lower_graph
 from kiln.lower.attention import rewrite_attention
-from kiln.lower.build import copy_graph_module
+from kiln.lower.driver import copy_graph_module
 from kiln.lower.evaluate import run_ir
 from lower_graphs import cached_model_graph, trace_flat
 
