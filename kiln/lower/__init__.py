@@ -49,7 +49,7 @@ def lower_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None =
 def reset() -> None:
     """Clear the stage's caches (traced decompositions, proven affine index forms); for
     kiln.reset()."""
-    from kiln.lower import decompositions, index
+    from kiln.lower import decomposition_tables, index
 
-    decompositions.reset()
+    decomposition_tables.reset()
     index._affine_cache.clear()

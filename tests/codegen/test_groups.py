@@ -18,7 +18,7 @@ pytestmark = pytest.mark.explicit_device
 from kiln.codegen import CodegenError, KernelConfig, candidate_configs, emit_group  # noqa: E402
 from kiln.codegen.kernel_configs import reduction_class  # noqa: E402
 from kiln.lower import lower_graph  # noqa: E402
-from kiln.lower.decompositions import trace_aten  # noqa: E402
+from kiln.lower.decomposition_tables import trace_aten  # noqa: E402
 from kiln.lower.evaluate import run_ir  # noqa: E402
 from kiln.schedule import FusedGroup  # noqa: E402
 from tests.codegen._driver import run_groups  # noqa: E402

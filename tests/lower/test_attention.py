@@ -226,8 +226,8 @@ def test_bf16_joint_graph_with_upcast_softmax_backward():
 
 
 def test_joint_graph_with_softmax_backward_data_kept_whole():
-    from kiln.lower.decompositions import trace_aten
-    from kiln.lower.decompositions import trace_table
+    from kiln.lower.decomposition_tables import trace_aten
+    from kiln.lower.decomposition_tables import trace_table
 
     table = {op: fn for op, fn in trace_table().items()
              if op is not aten._softmax_backward_data.default}

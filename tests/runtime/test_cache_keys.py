@@ -29,7 +29,7 @@ KEY_SCRIPT = textwrap.dedent("""
     import torch
     from kiln.codegen import emit_kernel
     from kiln.lower import lower_graph
-    from kiln.lower.decompositions import trace_aten
+    from kiln.lower.decomposition_tables import trace_aten
     from kiln.runtime.disk_cache import cache_key, tensor_meta, versions
 
     def fn(x, y):

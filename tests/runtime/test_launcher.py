@@ -18,7 +18,7 @@ from kiln.codegen import emit_kernel  # noqa: E402
 from kiln.codegen import triton_build  # noqa: E402
 from kiln.codegen.triton_build import run_graph  # noqa: E402
 from kiln.lower import lower_graph  # noqa: E402
-from kiln.lower.decompositions import trace_aten  # noqa: E402
+from kiln.lower.decomposition_tables import trace_aten  # noqa: E402
 from kiln.runtime import launcher as launcher_mod  # noqa: E402
 from kiln.runtime.launcher import Launcher, build_launchers, compile_mode, stage_timer  # noqa: E402
 
