@@ -8,8 +8,8 @@ original function directly, so nothing it calls is intercepted: eager's cost plu
 check. This is TorchDynamo's skipped code object, whose nested frames its C hook sees for free;
 kiln's interception is Python, so it is dropped where it finds nothing.
 
-A skip decision is guarded by the module version counter (`module_version`): after any module changed
-(a submodule replaced, `train()`/`eval()`, hooks), the next call probes once more. A frame that
+A skip decision is guarded by the module version counter (`module_version`): after any module
+changed (a submodule replaced, `train()`/`eval()`, hooks), the next call probes once more. A frame that
 keeps moving the counter itself (HF Llama slices its ModuleList on every call: a new ModuleList
 bumps it) is skipped for good after `config.recompile_limit` extra probes.
 """
