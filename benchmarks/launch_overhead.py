@@ -35,7 +35,7 @@ import torch  # noqa: E402
 def _graph_kernels(fn: Callable, *inputs: torch.Tensor):
     from kiln.codegen import emit_kernel
     from kiln.lower import lower_graph
-    from kiln.lower.decompositions import trace_aten
+    from kiln.lower.decomposition_tables import trace_aten
 
     graph = lower_graph(trace_aten(fn, *inputs))
     specs = [emit_kernel(node, graph) for node in graph.computed]
@@ -116,7 +116,7 @@ def measure_launch() -> dict:
 
 def compile_once() -> dict:
     """In a fresh process: build the many_ops kernels (mode from KILN_COMPILE_MODE)."""
-    from kiln.codegen.build import run_graph
+    from kiln.codegen.triton_build import run_graph
     from kiln.runtime.launcher import build_launchers, compile_mode
     import triton
     from triton.runtime.driver import driver
@@ -162,7 +162,7 @@ def measure_compile() -> list[dict]:
 def measure_autotune() -> dict:
     from kiln.codegen import candidate_configs, emit_group
     from kiln.lower import lower_graph
-    from kiln.lower.decompositions import trace_aten
+    from kiln.lower.decomposition_tables import trace_aten
     from kiln.runtime.autotune import autotune
     from kiln.runtime.launcher import build_launchers
     from kiln.schedule import trivial_schedule

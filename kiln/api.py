@@ -14,7 +14,7 @@ from kiln.backends import list_backends, lookup_backend
 from kiln.backends.kiln_backend import kiln_backend
 from kiln.capture import CompileSettings, clear_caches, compile_function
 from kiln.capture.escapes import graph_break, is_compiling
-from kiln.capture import mutation, rules
+from kiln.capture import module_version, rules
 from kiln.capture.module_wrapper import CompiledModule
 from kiln.config import config
 from kiln.errors import InvalidArgument
@@ -47,7 +47,7 @@ def compile(fn_or_module: Any = None, *, backend: str | Callable | None = None,
         warn_once("dynamic-shapes", "kiln: dynamic shapes are not supported yet; shapes are "
                   "specialized and a new shape recompiles")
     settings = CompileSettings(backend_fn, _backend_name(backend_obj), fullgraph, mode, resolved)
-    mutation.install()
+    module_version.install()
     if isinstance(fn_or_module, torch.nn.Module):
         return CompiledModule(fn_or_module, settings)
     return _compile_callable(fn_or_module, settings)
@@ -104,7 +104,7 @@ class _RawOptions:
 
     @classmethod
     def of(cls, options: Mapping) -> _RawOptions:
-        from kiln.runtime.cache import canonical
+        from kiln.runtime.disk_cache import canonical
 
         value = dict(options)
         try:

@@ -7,8 +7,8 @@ Two stages decompose, both starting from torch's Core ATen decomposition table:
   Random ops are kept too when eager RNG is on (`rng.eager_rng`), so they draw from torch's
   generator exactly as eager does. An op autograd keeps is never expanded by the tracer, not even
   a CompositeImplicitAutograd one.
-- lower (`kiln.lower.decompositions`, for an op no lowering rule takes): the core table minus what
-  lower keeps (`trace_table()`, also what tests and tools trace ATen graphs with), plus
+- lower (`kiln.lower.decomposition_tables`, for an op no lowering rule takes): the core table
+  minus what lower keeps (`trace_table()`, also what tests and tools trace ATen graphs with), plus
   `LOWER_EXTRAS` from torch's full table (`lowering_table()`): composite ops that are only
   pointwise ops and reductions to the lower stage.
 

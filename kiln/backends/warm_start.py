@@ -4,7 +4,7 @@ without tracing.
 The kiln backend looks a captured graph up here *before* the autograd stage runs, keyed on what
 the compiled code depends on: the captured graph's code, each input's dtype / shape / stride /
 storage offset / device / requires_grad, the mode, kiln's config and source files, and the
-toolchain versions (`kiln.runtime.cache`). An entry holds the compiled inference artifact
+toolchain versions (`kiln.runtime.disk_cache`). An entry holds the compiled inference artifact
 (`kiln.runtime.artifact_json`) and the autograd stage's `Epilogue` for it, as plain data. A hit
 rebuilds the callable from these alone: no fake tensors, no trace, no lowering (so
 `torch._dynamo`, which FakeTensorMode pulls in, is never imported).
@@ -30,7 +30,7 @@ from kiln.autograd.epilogue import OUTPUT_KINDS, Epilogue, OutputRule
 from kiln.config import config
 from kiln.runtime.artifact_json import (NotCacheable, artifact_from_json, artifact_json,
                                         check_artifact_json, expect, is_int)
-from kiln.runtime.cache import DiskCache, cache_key, tensor_meta, versions
+from kiln.runtime.disk_cache import DiskCache, cache_key, tensor_meta, versions
 from kiln.runtime.pipeline import CompiledArtifact
 
 __all__ = ["STATS", "WarmGraph", "check_payload", "graph_key", "load", "store"]

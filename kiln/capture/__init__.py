@@ -16,7 +16,7 @@ tensors, or changes the user's function object.
 """
 from __future__ import annotations
 
-from kiln.capture.cache import clear_caches, compiling
+from kiln.capture.dispatch import clear_caches, compiling
 from kiln.capture.convert import CompileSettings, compile_function
 from kiln.capture.variables.builtins import kiln_specials
 from kiln.capture.variables.reflection import register_reflection

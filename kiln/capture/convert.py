@@ -18,11 +18,11 @@ import torch
 
 from kiln import records
 from kiln.capture import compile_hook
-from kiln.capture.cache import (CacheEntry, CodeCache, build_dispatcher, cache_for, compiling,
+from kiln.capture.dispatch import (CacheEntry, CodeCache, build_dispatcher, cache_for, compiling,
                                 compiling_scope)
 from kiln.capture.breaks import check_resumable, route_only
 from kiln.capture.entry import build_break_entry_code, build_entry_code
-from kiln.capture.mutation import MODULE_VERSION
+from kiln.capture.module_version import MODULE_VERSION
 from kiln.capture.output_graph import OutputGraph
 from kiln.capture.settings import CompileSettings
 from kiln.capture.skip import SkipDecisions

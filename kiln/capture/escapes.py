@@ -3,7 +3,7 @@ re-exported by kiln.api: `kiln.graph_break()` and `kiln.is_compiling()`. In eage
 plain functions; during capture, variables/builtins.py maps them to their special handlers."""
 from __future__ import annotations
 
-from kiln.capture.cache import compiling
+from kiln.capture.dispatch import compiling
 
 __all__ = ["graph_break", "is_compiling"]
 

@@ -5,8 +5,8 @@ A `Guard` is one Python comparison `<value expr> <op> <expected>` over the names
 own failure as the user would read it (`x.shape[0]: expected 8, got 16`).
 
 Guards on module state (attributes, parameters, submodules) are `module` guards: they only need
-re-checking when the module version counter moved (see `mutation`), so the fast path checks one
-integer instead of every attribute.
+re-checking when the module version counter moved (see `module_version`), so the fast path checks
+one integer instead of every attribute.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from kiln.capture import _compat
-from kiln.capture.mutation import watch
+from kiln.capture.module_version import watch
 from kiln.capture.sources import Source
 from kiln.diagnostics import GuardFailure, GuardRecord, UserLocation
 

@@ -2,14 +2,14 @@
 
 A frame with no graph of its own runs its route-only copy (`breaks.route_only`), so the layers
 it calls are still compiled. When runs of that copy make no compiled graph run anywhere beneath
-them (`cache.GRAPH_RUNS` does not move) `QUIET_PROBES` times in a row, routing buys nothing: the
+them (`dispatch.GRAPH_RUNS` does not move) `QUIET_PROBES` times in a row, routing buys nothing: the
 frame is *skipped* for that first argument (module instance), and its dispatcher calls the
 original function directly, so nothing it calls is intercepted: eager's cost plus one dictionary
 check. This is TorchDynamo's skipped code object, whose nested frames its C hook sees for free;
 kiln's interception is Python, so it is dropped where it finds nothing.
 
-A skip decision is guarded by the module version counter (`mutation`): after any module changed
-(a submodule replaced, `train()`/`eval()`, hooks), the next call probes once more. A frame that
+A skip decision is guarded by the module version counter (`module_version`): after any module
+changed (a submodule replaced, `train()`/`eval()`, hooks), the next call probes once more. A frame that
 keeps moving the counter itself (HF Llama slices its ModuleList on every call: a new ModuleList
 bumps it) is skipped for good after `config.recompile_limit` extra probes.
 """
@@ -23,8 +23,8 @@ from typing import Any, Callable
 
 import torch
 
-from kiln.capture.cache import GRAPH_RUNS, dead_key
-from kiln.capture.mutation import MODULE_VERSION, watch
+from kiln.capture.dispatch import GRAPH_RUNS, dead_key
+from kiln.capture.module_version import MODULE_VERSION, watch
 from kiln.config import config
 
 __all__ = ["QUIET_PROBES", "SkipDecisions"]
@@ -36,7 +36,7 @@ _LAZY_FLAGS = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GEN
 
 
 class SkipDecisions:
-    """Per compiled function: which calls (by `cache.dead_key`) run the original code.
+    """Per compiled function: which calls (by `dispatch.dead_key`) run the original code.
 
     `dead[key]` is the module version the decision holds at, `settled` the keys skipped at any
     version, `live` the keys whose runs did run graphs (they keep routing): the generated

@@ -29,7 +29,7 @@ import math
 import re
 from typing import Callable, Mapping
 
-from kiln.codegen.config import (
+from kiln.codegen.kernel_configs import (
     KernelConfig,
     check_config,
     default_config,

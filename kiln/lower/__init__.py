@@ -41,7 +41,7 @@ def lower_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None =
     """Lower an ATen graph to an `IRGraph`. `example_inputs` (one per placeholder) supply
     layouts for placeholders without `meta["val"]`; `attention_rewrite=False` skips the SDPA
     rewrite pass."""
-    from kiln.lower.build import build_graph
+    from kiln.lower.driver import build_graph
 
     return build_graph(gm, example_inputs, attention_rewrite=attention_rewrite)
 
@@ -49,7 +49,7 @@ def lower_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None =
 def reset() -> None:
     """Clear the stage's caches (traced decompositions, proven affine index forms); for
     kiln.reset()."""
-    from kiln.lower import decompositions, index
+    from kiln.lower import decomposition_tables, index
 
-    decompositions.reset()
+    decomposition_tables.reset()
     index._affine_cache.clear()

@@ -95,7 +95,7 @@ def trace_fake(fn: Callable[..., Any], args: Sequence[Any], decompositions: dict
 def make_aten_graph(fn: Callable[..., Any], inputs: Sequence[Any], decompositions: dict,
                     functionalize: bool) -> torch.fx.GraphModule:
     """make_fx of `fn(*inputs)` (real inputs) with `decompositions`, functionalized first when
-    `functionalize` (views stay views); `decompositions.trace_aten` picks the table."""
+    `functionalize` (views stay views); `decomposition_tables.trace_aten` picks the table."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     if functionalize:

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from kiln.lower.emit import NodeEmitter
+from kiln.lower.graph_emit import NodeEmitter
 
 __all__ = ["AttentionMatch", "match_attention", "rewrite_attention"]
 

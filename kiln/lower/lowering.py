@@ -6,7 +6,7 @@ Each `call_function` node goes through one dispatch, in this order:
    checker accepts the call lowers it (rules live in `kiln/lower/rules/`, one file per family);
 2. in-place ATen ops (`add_`, `copy_`): their functional form, then the mutated name is rebound
    (a graph input's update is recorded in `IRGraph.mutations`);
-3. a decomposition from `decompositions.lowering_table()`, traced and lowered in place;
+3. a decomposition from `decomposition_tables.lowering_table()`, traced and lowered in place;
 4. a `Fallback` node calling the op (the fallback census in tests pins which ops get here).
 
 A lowering receives a `Call` (the builder, the FX node, its fake-tensor metadata, provenance) and
@@ -25,7 +25,7 @@ from typing import Any, Sequence
 import torch
 import torch.fx
 
-from kiln.lower import _compat, decompositions
+from kiln.lower import _compat, decomposition_tables
 from kiln.lower.ir import (
     ComputedBuffer,
     Extern,
@@ -243,7 +243,7 @@ class Interpreter:
                 return fn(call, *args, **kwargs)
         if op._schema.is_mutable:
             return self.lower_inplace(call, node, args, kwargs)
-        graph = decompositions.decompose(op, call.meta_args, call.meta_kwargs)
+        graph = decomposition_tables.decompose(op, call.meta_args, call.meta_kwargs)
         if graph is not None:
             return self.inline(graph, call, args, kwargs)
         return self.builder.call_kernel(_fallback_cls(), "fallback", call, args, kwargs)

@@ -10,7 +10,7 @@ gives different things:
 | `Evaluator` | `evaluate.py` | computes it with torch tensors over the whole index grid |
 | `Printer` | `printer.py` | writes it as Python source (`t3 = ops.exp(t2)`) |
 | `DepsCollector` | `deps.py` | records loads/stores (buffer, index) and counts ops |
-| (later) Triton printer | `codegen/` | writes Triton source |
+| `TritonPrinter` | `codegen/triton_printer.py` (math forms: `codegen/triton_math.py`) | writes it as Triton source (`tmp3 = tl.exp(tmp2)`) |
 
 Values are opaque to the body (tensors, names, ...); indices are always `index.Expr`.
 

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from kiln.lower.emit import NodeEmitter
+from kiln.lower.graph_emit import NodeEmitter
 
 __all__ = ["MIN_FLOPS", "pad_matmuls"]
 

@@ -197,7 +197,7 @@ def _spec_from_json(data: dict) -> Any:
 def _record_types() -> dict[str, type]:
     """The only classes a stored entry may rebuild, by name: an entry is data, and a name in it
     never picks what code runs (an importable "module:callable" would)."""
-    from kiln.codegen.config import KernelConfig
+    from kiln.codegen.kernel_configs import KernelConfig
 
     return {cls.__qualname__: cls for cls in (KernelConfig,)}
 

@@ -27,7 +27,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from kiln.codegen.kernel import KernelSpec
-from kiln.runtime.cache import DiskCache, cache_key, versions
+from kiln.runtime.disk_cache import DiskCache, cache_key, versions
 from kiln.runtime.launcher import Launcher, build_launchers
 
 __all__ = ["autotune", "benchmark_ms", "fingerprint"]

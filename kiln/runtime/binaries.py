@@ -22,7 +22,7 @@ from typing import Any, Sequence
 import torch
 
 from kiln.config import config
-from kiln.runtime.cache import DiskCache, cache_key, versions
+from kiln.runtime.disk_cache import DiskCache, cache_key, versions
 
 __all__ = ["STATS", "binary_key", "recall", "remember", "well_formed"]
 

@@ -1,7 +1,7 @@
 """launcher: `KernelSpec`s → compiled, pre-bound kernel launchers.
 
 `build_launchers(specs, parallel=True, dtypes=None)` imports every kernel module
-(`kiln.codegen.build.compile_kernel`), compiles the Triton binaries ahead of time when the
+(`kiln.codegen.triton_build.compile_kernel`), compiles the Triton binaries ahead of time when the
 buffers' dtypes are known (in parallel: compile threads through `triton.AsyncCompileMode`, or
 worker processes; `KILN_COMPILE_MODE=thread|process|serial`, `KILN_COMPILE_WORKERS=n`), and
 returns one `Launcher` per spec. `launcher(*tensors)` runs the kernel on the storages of
@@ -35,11 +35,11 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 
-from kiln.codegen.build import cache_dir, compile_kernel
+from kiln.codegen.triton_build import cache_dir, compile_kernel
 from kiln.codegen.kernel import KernelSpec
 from kiln.errors import KilnError
 from kiln.runtime import binaries
-from kiln.runtime.cache import configure_triton_cache
+from kiln.runtime.disk_cache import configure_triton_cache
 
 __all__ = ["Launcher", "build_launchers", "check_kernel_devices", "compile_mode", "stage_timer"]
 
@@ -433,7 +433,7 @@ def _compile_in_worker(job: dict) -> None:
     """Runs in a worker process: import the kernel module and compile it (Triton caches it)."""
     import types
 
-    from kiln.codegen.build import _import_kernel
+    from kiln.codegen.triton_build import _import_kernel
 
     fn = _import_kernel(types.SimpleNamespace(**{k: job[k] for k in ("source", "name", "key")}))
     args = [getattr(torch, a) if p in job["pointer_params"] else a

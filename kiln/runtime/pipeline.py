@@ -9,8 +9,9 @@
 
 Each stage is timed (`CompiledArtifact.timings`, seconds). The artifact keeps everything a reader
 or the disk cache needs: the wrapper source, the kernel specs, the schedule and the IR graph.
-Stages that another part of kiln has not written yet fall back to the unfused baseline
-(`trivial_schedule`, `emit_kernel` of one-node groups), so the pipeline always runs.
+Every stage runs on every graph (autotune only under `options.autotune`); with the
+fusion pass switched off (`KILN_DISABLE_PASSES=fusion`) the schedule keeps one kernel per
+computed buffer. The pipeline has no fallback of its own: an error in a stage reaches the caller.
 """
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ pytest.importorskip("triton")
 
 from kiln.backends import warm_start  # noqa: E402
 from kiln.backends.kiln_backend import kiln_backend  # noqa: E402
-from kiln.codegen import build  # noqa: E402
+from kiln.codegen import triton_build  # noqa: E402
 from kiln.config import config  # noqa: E402
 
 
@@ -30,7 +30,7 @@ def cache(tmp_path, monkeypatch):
 
 
 def _compile(x, y):
-    build._compiled.clear()  # as in a new process: kernels built again from their sources
+    triton_build._compiled.clear()  # as in a new process: kernels built again from their sources
     return kiln_backend(torch.fx.symbolic_trace(_graph), [x, y])
 
 

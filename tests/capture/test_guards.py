@@ -942,7 +942,7 @@ def _slow_path_calls(monkeypatch):
 def test_layers_of_one_class_alternate_on_the_fast_path(counting_backend, monkeypatch):
     """One entry serves every layer; after each layer was verified once, alternating layers and
     the per-call ModuleList slice take no slow path (was 2 per layer call: Llama 1.34x eager)."""
-    from kiln.capture.mutation import MODULE_VERSION
+    from kiln.capture.module_version import MODULE_VERSION
     model = _Stack()
     c = _compile(model, counting_backend, fullgraph=False)
     for _ in range(2):
@@ -979,7 +979,7 @@ def test_a_changed_layer_is_guarded_again_while_others_share_the_entry(counting_
 
 
 def test_a_module_no_guard_has_seen_does_not_move_the_version():
-    from kiln.capture.mutation import MODULE_VERSION, watch
+    from kiln.capture.module_version import MODULE_VERSION, watch
     kiln.compile(nn.Linear(2, 2))  # installs the version counter
     fresh = nn.ModuleList(nn.Linear(2, 2) for _ in range(3))
     version = MODULE_VERSION[0]

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 import torch
 
 from kiln.codegen import KernelSpec, emit_group
-from kiln.codegen.build import compile_kernel
+from kiln.codegen.triton_build import compile_kernel
 from kiln.codegen.kernel import single_group
 from kiln.lower.evaluate import _new_storage, _run_node, run_ir
 from kiln.lower.ir import ComputedBuffer

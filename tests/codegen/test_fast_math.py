@@ -15,10 +15,10 @@ triton = pytest.importorskip("triton")
 pytestmark = pytest.mark.explicit_device
 
 from kiln.codegen import emit_kernel  # noqa: E402
-from kiln.codegen.build import launch  # noqa: E402
+from kiln.codegen.triton_build import launch  # noqa: E402
 from kiln.codegen.fast_math import CLAMP, P, Q, fit_erf_coefficients  # noqa: E402
 from kiln.lower import lower_graph  # noqa: E402
-from kiln.lower.decompositions import trace_aten  # noqa: E402
+from kiln.lower.decomposition_tables import trace_aten  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 MAX_ABS_ERR = 5e-7

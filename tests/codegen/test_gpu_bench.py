@@ -17,9 +17,9 @@ import torch.nn.functional as F
 pytest.importorskip("triton")
 
 from kiln.codegen import KernelConfig, candidate_configs, emit_group  # noqa: E402
-from kiln.codegen.build import compile_kernel  # noqa: E402
+from kiln.codegen.triton_build import compile_kernel  # noqa: E402
 from kiln.lower import lower_graph  # noqa: E402
-from kiln.lower.decompositions import trace_aten  # noqa: E402
+from kiln.lower.decomposition_tables import trace_aten  # noqa: E402
 from kiln.schedule import FusedGroup  # noqa: E402
 
 # KILN_BENCH_SMALL=1 dry-runs the same code on tiny shapes (CPU interpreter, no timing)

@@ -16,9 +16,9 @@ pytest.importorskip("triton")
 pytestmark = pytest.mark.explicit_device
 
 from kiln.codegen import CodegenError, KernelConfig, candidate_configs, emit_group  # noqa: E402
-from kiln.codegen.config import reduction_class  # noqa: E402
+from kiln.codegen.kernel_configs import reduction_class  # noqa: E402
 from kiln.lower import lower_graph  # noqa: E402
-from kiln.lower.decompositions import trace_aten  # noqa: E402
+from kiln.lower.decomposition_tables import trace_aten  # noqa: E402
 from kiln.lower.evaluate import run_ir  # noqa: E402
 from kiln.schedule import FusedGroup  # noqa: E402
 from tests.codegen._driver import run_groups  # noqa: E402
@@ -208,7 +208,7 @@ def test_big_column_sum_defaults_to_looped_outer():
     group = _group(graph, (2,), (2,))
     assert candidate_configs(group, graph)[0].kind == "persistent_reduction"
     # a [16384, 1024] bias grad: looped, x-contiguous tiles, enough programs for 132 SMs
-    from kiln.codegen.config import _outer_configs
+    from kiln.codegen.kernel_configs import _outer_configs
 
     cfg = _outer_configs(1024, 16384)[0]
     assert cfg.kind == "looped_reduction" and 1024 // cfg.XBLOCK >= 64
@@ -370,7 +370,7 @@ def test_square_is_a_multiply_not_libdevice_pow():
 def test_row_per_warp_default_depends_on_row_length_and_streams():
     """Rows of 256..1024 get one warp per row (4 rows, 4 warps) — at 1024 only when at most
     two full tensors stream through; residual add + LayerNorm (2 in, 2 out) keeps 1 row."""
-    from kiln.codegen.config import row_streams
+    from kiln.codegen.kernel_configs import row_streams
     from kiln.schedule import schedule
 
     def first_group(fn, *inputs):

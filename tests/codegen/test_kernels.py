@@ -15,9 +15,9 @@ pytest.importorskip("triton")
 pytestmark = pytest.mark.explicit_device
 
 from kiln.codegen import KernelSpec, emit_kernel  # noqa: E402
-from kiln.codegen.build import launch, run_graph  # noqa: E402
+from kiln.codegen.triton_build import launch, run_graph  # noqa: E402
 from kiln.lower import lower_graph  # noqa: E402
-from kiln.lower.decompositions import trace_aten  # noqa: E402
+from kiln.lower.decomposition_tables import trace_aten  # noqa: E402
 from kiln.lower.evaluate import run_ir  # noqa: E402
 
 if torch.cuda.is_available():

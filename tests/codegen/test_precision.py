@@ -16,7 +16,7 @@ from kiln.codegen import emit_kernel  # noqa: E402
 from kiln.codegen.kernel import KernelSpec, _cuda_option  # noqa: E402
 from kiln.config import config  # noqa: E402
 from kiln.lower import lower_graph  # noqa: E402
-from kiln.lower.decompositions import trace_aten  # noqa: E402
+from kiln.lower.decomposition_tables import trace_aten  # noqa: E402
 from kiln.runtime import binaries  # noqa: E402
 
 

@@ -16,7 +16,7 @@ import torch
 pytest.importorskip("triton")
 
 from kiln.codegen import CodegenError, TritonPrinter  # noqa: E402
-from kiln.codegen.build import run_graph  # noqa: E402
+from kiln.codegen.triton_build import run_graph  # noqa: E402
 from kiln.codegen.triton_math import SPECIAL_FORMS  # noqa: E402
 from kiln.codegen.triton_types import TV  # noqa: E402
 from kiln.lower.evaluate import run_ir  # noqa: E402

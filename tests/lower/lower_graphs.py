@@ -1,5 +1,5 @@
 """Test graphs for the lower stage: ATen graphs of the shared test models, traced with make_fx
-through `kiln.lower.decompositions.trace_aten` (functionalized, core decompositions minus the
+through `kiln.lower.decomposition_tables.trace_aten` (functionalized, core decompositions minus the
 lower stage's keep list), with flat tensor inputs and eager reference outputs."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from torch.func import functional_call
 
 import models
-from kiln.lower.decompositions import trace_aten
+from kiln.lower.decomposition_tables import trace_aten
 
 __all__ = ["MODELS", "ModelGraph", "model_graph", "trace_flat"]
 

@@ -7,7 +7,7 @@ import torch
 
 from kiln.lower import lower_graph
 from kiln.lower.attention import rewrite_attention
-from kiln.lower.build import copy_graph_module
+from kiln.lower.driver import copy_graph_module
 from kiln.lower.evaluate import run_ir
 from lower_graphs import cached_model_graph, trace_flat
 
@@ -226,8 +226,8 @@ def test_bf16_joint_graph_with_upcast_softmax_backward():
 
 
 def test_joint_graph_with_softmax_backward_data_kept_whole():
-    from kiln.lower.decompositions import trace_aten
-    from kiln.lower.decompositions import trace_table
+    from kiln.lower.decomposition_tables import trace_aten
+    from kiln.lower.decomposition_tables import trace_table
 
     table = {op: fn for op, fn in trace_table().items()
              if op is not aten._softmax_backward_data.default}

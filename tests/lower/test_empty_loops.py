@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from kiln.lower import lower_graph
-from kiln.lower.decompositions import trace_table
+from kiln.lower.decomposition_tables import trace_table
 from kiln.lower.evaluate import run_ir
 from kiln.lower.ir import ComputedBuffer, Extern
 

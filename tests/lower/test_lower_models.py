@@ -64,11 +64,11 @@ def test_every_ir_node_records_its_fx_origins() -> None:
 
 def test_reset_clears_the_stage_caches() -> None:
     import kiln.lower
-    from kiln.lower import decompositions, index
+    from kiln.lower import decomposition_tables, index
 
     mg = cached_model_graph("block", False)
     lower_graph(mg.gm)
-    assert decompositions._traced
+    assert decomposition_tables._traced
     kiln.lower.reset()
-    assert not decompositions._traced and not index._affine_cache
+    assert not decomposition_tables._traced and not index._affine_cache
     _assert_equal_to_eager(run_ir(lower_graph(mg.gm), mg.inputs), mg.eager)

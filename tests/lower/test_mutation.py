@@ -9,7 +9,7 @@ import torch.nn as nn
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from kiln.lower import LoweringError, lower_graph
-from kiln.lower.decompositions import trace_table
+from kiln.lower.decomposition_tables import trace_table
 from kiln.lower.evaluate import run_ir
 
 

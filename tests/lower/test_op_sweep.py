@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from kiln.lower import lower_graph
-from kiln.lower.decompositions import trace_aten
+from kiln.lower.decomposition_tables import trace_aten
 from kiln.lower.evaluate import run_ir
 
 FP = (torch.float32, torch.bfloat16)

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from kiln.lower import padding
-from kiln.lower.decompositions import trace_aten
-from kiln.lower.build import copy_graph_module
+from kiln.lower.decomposition_tables import trace_aten
+from kiln.lower.driver import copy_graph_module
 
 aten = torch.ops.aten
 

@@ -7,7 +7,7 @@ import textwrap
 import torch
 
 from kiln.lower import lower_graph
-from kiln.lower.decompositions import trace_aten
+from kiln.lower.decomposition_tables import trace_aten
 from kiln.lower.deps import MemoryDep, read_writes
 from kiln.lower.evaluate import run_ir, run_printed
 

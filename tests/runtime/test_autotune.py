@@ -21,9 +21,9 @@ pytestmark = pytest.mark.explicit_device
 from child_env import child_env  # noqa: E402
 from kiln.codegen import candidate_configs, emit_group  # noqa: E402
 from kiln.lower import lower_graph  # noqa: E402
-from kiln.lower.decompositions import trace_aten  # noqa: E402
+from kiln.lower.decomposition_tables import trace_aten  # noqa: E402
 from kiln.runtime.autotune import autotune, fingerprint  # noqa: E402
-from kiln.runtime.cache import DiskCache  # noqa: E402
+from kiln.runtime.disk_cache import DiskCache  # noqa: E402
 from kiln.schedule import trivial_schedule  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]

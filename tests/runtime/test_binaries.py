@@ -17,7 +17,7 @@ pytest.importorskip("triton")
 
 from child_env import child_env  # noqa: E402
 from kiln.runtime import binaries  # noqa: E402
-from kiln.runtime.cache import DiskCache  # noqa: E402
+from kiln.runtime.disk_cache import DiskCache  # noqa: E402
 
 
 def _fake_launcher(source: str = "src") -> types.SimpleNamespace:

@@ -1,4 +1,4 @@
-"""kiln.runtime.cache: stable keys across processes, JSON entries on disk (atomic, corruption
+"""kiln.runtime.disk_cache: stable keys across processes, JSON entries on disk (atomic, corruption
 ignored), the cache folder and Triton's binary cache inside it."""
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from child_env import child_env
-from kiln.runtime import cache as cache_mod
-from kiln.runtime.cache import (DiskCache, cache_key, cache_root, canonical,
+from kiln.runtime import disk_cache
+from kiln.runtime.disk_cache import (DiskCache, cache_key, cache_root, canonical,
                                 configure_triton_cache, tensor_meta, versions)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,8 +29,8 @@ KEY_SCRIPT = textwrap.dedent("""
     import torch
     from kiln.codegen import emit_kernel
     from kiln.lower import lower_graph
-    from kiln.lower.decompositions import trace_aten
-    from kiln.runtime.cache import cache_key, tensor_meta, versions
+    from kiln.lower.decomposition_tables import trace_aten
+    from kiln.runtime.disk_cache import cache_key, tensor_meta, versions
 
     def fn(x, y):
         return (x * y).sum(-1) + torch.sigmoid(y).amax(-1)
@@ -170,7 +170,7 @@ def test_disk_cache_write_is_atomic(cache_dir, monkeypatch):
         raise OSError("disk full")
 
     with monkeypatch.context() as patch:
-        patch.setattr(cache_mod.os, "replace", crash)
+        patch.setattr(disk_cache.os, "replace", crash)
         with pytest.raises(OSError, match="disk full"):
             store.put(key, {"version": 2})
     assert store.get(key) == {"version": 1}  # the old entry, whole
@@ -206,7 +206,7 @@ def test_disk_cache_ignores_corrupt_entries(cache_dir, caplog, text):
 
 def test_triton_cache_inside_kiln_cache_unless_user_set(cache_dir, monkeypatch):
     monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
-    monkeypatch.setattr(cache_mod, "_triton_dir_we_set", None)
+    monkeypatch.setattr(disk_cache, "_triton_dir_we_set", None)
     assert configure_triton_cache() == str(cache_dir / "triton")
     assert os.environ["TRITON_CACHE_DIR"] == str(cache_dir / "triton")
     monkeypatch.setenv("KILN_CACHE_DIR", str(cache_dir / "moved"))

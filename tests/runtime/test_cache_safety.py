@@ -25,10 +25,10 @@ pytest.importorskip("triton")
 
 from kiln.backends import warm_start  # noqa: E402
 from kiln.backends.kiln_backend import kiln_backend  # noqa: E402
-from kiln.codegen import build  # noqa: E402
+from kiln.codegen import triton_build  # noqa: E402
 from kiln.config import config  # noqa: E402
-from kiln.runtime import artifact_json, binaries, cache  # noqa: E402
-from kiln.runtime.cache import DiskCache, cache_key, cache_root, entry_hash  # noqa: E402
+from kiln.runtime import artifact_json, binaries, disk_cache  # noqa: E402
+from kiln.runtime.disk_cache import DiskCache, cache_key, cache_root, entry_hash  # noqa: E402
 
 FOREIGN_UID = 12345
 
@@ -132,7 +132,7 @@ def test_kernel_source_folder_is_checked_too(tmp_path, monkeypatch, caplog):
     loose.chmod(0o777)
     monkeypatch.setenv("KILN_CODEGEN_CACHE_DIR", str(loose))
     with caplog.at_level(logging.WARNING, logger="kiln"):
-        assert build.cache_dir() != loose
+        assert triton_build.cache_dir() != loose
     assert f"not using the kernel source folder (KILN_CODEGEN_CACHE_DIR) {loose}" in caplog.text
 
 
@@ -207,7 +207,7 @@ def stored(root, monkeypatch, tmp_path):
     config.suppress_errors = False
 
     def compile_and_check():
-        build._compiled.clear()  # as in a new process: kernels built again from their sources
+        triton_build._compiled.clear()  # as in a new process: kernels built again from sources
         x, y = torch.randn(4, 16), torch.randn(4, 16)
         with torch.no_grad():
             out = kiln_backend(torch.fx.symbolic_trace(_graph), [x, y])(x, y)
@@ -329,8 +329,8 @@ def test_a_malformed_binary_entry_is_a_miss(root, field, value):
 
 
 def test_private_root_is_one_per_process():
-    assert cache.private_root() == cache.private_root()
-    assert _mode(cache.private_root()) == 0o700
+    assert disk_cache.private_root() == disk_cache.private_root()
+    assert _mode(disk_cache.private_root()) == 0o700
 
 
 def test_the_kernel_schema_names_every_kernelspec_field():

@@ -15,10 +15,10 @@ pytest.importorskip("triton")
 pytestmark = pytest.mark.explicit_device
 
 from kiln.codegen import emit_kernel  # noqa: E402
-from kiln.codegen import build  # noqa: E402
-from kiln.codegen.build import run_graph  # noqa: E402
+from kiln.codegen import triton_build  # noqa: E402
+from kiln.codegen.triton_build import run_graph  # noqa: E402
 from kiln.lower import lower_graph  # noqa: E402
-from kiln.lower.decompositions import trace_aten  # noqa: E402
+from kiln.lower.decomposition_tables import trace_aten  # noqa: E402
 from kiln.runtime import launcher as launcher_mod  # noqa: E402
 from kiln.runtime.launcher import Launcher, build_launchers, compile_mode, stage_timer  # noqa: E402
 
@@ -85,13 +85,13 @@ def test_parallel_build_equals_serial():
 
 def test_compile_kernel_is_thread_safe_and_deterministic(tmp_path, monkeypatch):
     monkeypatch.setenv("KILN_CODEGEN_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(build, "_compiled", {})
+    monkeypatch.setattr(triton_build, "_compiled", {})
     _, specs = _lowered(_fn, *(t.cpu() for t in _inputs()))
     work = specs * 8
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        fns = list(pool.map(build.compile_kernel, work))
+        fns = list(pool.map(triton_build.compile_kernel, work))
     for spec, fn in zip(work, fns):
-        assert fn is build.compile_kernel(spec)
+        assert fn is triton_build.compile_kernel(spec)
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == sorted(f"{s.name}_{s.key}.py" for s in specs)  # no temporaries left
     _, again = _lowered(_fn, *(t.cpu() for t in _inputs()))
@@ -149,7 +149,7 @@ def test_bound_launch_passes_storage_pointers_grid_and_constexprs(monkeypatch):
     monkeypatch.setattr(launcher_mod, "_stream_source", lambda: (lambda device: 1000 + device, 3))
     x = torch.randn(4, 8)
     _, (spec,) = _lowered(lambda x: x.sum(-1), x)
-    lc = Launcher(spec, build.compile_kernel(spec))
+    lc = Launcher(spec, triton_build.compile_kernel(spec))
     fake = lc.kernel = FakeCompiledKernel()
     lc.bind()
     assert lc.fast and "untyped_storage().data_ptr()" in lc.source
@@ -182,7 +182,7 @@ def test_unaligned_storage_takes_the_generic_route(monkeypatch):
     monkeypatch.setattr(launcher_mod, "_stream_source", lambda: (lambda device: 1000 + device, 3))
     x = torch.randn(8)
     _, (spec,) = _lowered(lambda x: x * 3, x)
-    lc = Launcher(spec, build.compile_kernel(spec))
+    lc = Launcher(spec, triton_build.compile_kernel(spec))
     fake = lc.kernel = FakeCompiledKernel()
     generic_calls = []
     lc._generic_launch = lambda *t: generic_calls.append(t)  # what bind() captures
@@ -199,7 +199,7 @@ def test_generic_route_when_a_launch_hook_is_installed(monkeypatch):
     monkeypatch.setattr(launcher_mod, "_launch_hooks", lambda: (print, None))
     x = torch.randn(8)
     _, (spec,) = _lowered(lambda x: x * 3, x)
-    lc = Launcher(spec, build.compile_kernel(spec))
+    lc = Launcher(spec, triton_build.compile_kernel(spec))
     lc.kernel = FakeCompiledKernel()
     lc.bind()
     assert not lc.fast and lc._launch == lc._generic_launch
@@ -214,7 +214,7 @@ def test_a_launcher_that_rejects_our_arguments_falls_back(monkeypatch, caplog):
     monkeypatch.setattr(launcher_mod, "_stream_source", lambda: (lambda device: 0, 0))
     x = torch.randn(8)
     _, (spec,) = _lowered(lambda x: x * 3, x)
-    lc = Launcher(spec, build.compile_kernel(spec))
+    lc = Launcher(spec, triton_build.compile_kernel(spec))
     lc.kernel = WrongArityKernel()
     generic_calls = []
     lc._generic_launch = lambda *t: generic_calls.append(t)
@@ -247,7 +247,7 @@ def test_compile_ahead_warms_up_with_dtypes_and_names_failures(mode, monkeypatch
     monkeypatch.setattr(launcher_mod, "_stream_source", lambda: (lambda device: 0, 0))
     x = torch.randn(4, 8)
     _, (spec,) = _lowered(lambda x: x.sum(-1), x)
-    real = build.compile_kernel(spec)
+    real = triton_build.compile_kernel(spec)
     good = Launcher(spec, FakeJit(real.arg_names))
     launcher_mod._COMPILERS[mode]([(good, [torch.float32, torch.float32])])
     good.bind()
@@ -265,7 +265,7 @@ def test_process_jobs_are_plain_picklable_data():
 
     x = torch.randn(4, 8)
     _, (spec,) = _lowered(lambda x: x.sum(-1), x)
-    lc = Launcher(spec, build.compile_kernel(spec))
+    lc = Launcher(spec, triton_build.compile_kernel(spec))
     job = pickle.loads(pickle.dumps(launcher_mod._worker_job(lc, [torch.float32] * 2)))
     meta = spec.meta_dict
     assert job["args"] == ["float32", "float32", meta["XBLOCK"], meta["RBLOCK"]]

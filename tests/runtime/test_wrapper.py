@@ -14,7 +14,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from kiln.lower.decompositions import trace_aten  # noqa: E402
+from kiln.lower.decomposition_tables import trace_aten  # noqa: E402
 from kiln.runtime import compile_graph, generate_wrapper, load_wrapper  # noqa: E402
 from kiln.runtime.pipeline import build_kernel_launchers, emit_group  # noqa: E402
 from kiln.schedule import trivial_schedule  # noqa: E402

@@ -11,7 +11,7 @@ import torch
 import kiln
 import kiln.autograd
 from kiln.lower import lower_graph
-from kiln.lower.decompositions import trace_aten
+from kiln.lower.decomposition_tables import trace_aten
 from kiln.lower.deps import read_writes
 from kiln.lower.evaluate import run_ir
 from kiln.lower.ir import ComputedBuffer, IRGraph

@@ -3,7 +3,7 @@
 Attribute reads follow Python's lookup order for modules (data descriptors on the class, the
 instance `__dict__`, class attributes, then `_parameters`, `_buffers`, `_modules`). Parameters and
 buffers become graph inputs read through those dicts. Every value read here is guarded with a
-*module* guard, re-checked only when the module version counter moved (see `mutation`).
+*module* guard, re-checked only when the module version counter moved (see `module_version`).
 Calling a module inlines its `forward` (and its hooks, through `call_module_with_hooks`).
 """
 from __future__ import annotations

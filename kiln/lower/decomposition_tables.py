@@ -1,4 +1,5 @@
-"""decompositions: the lower stage's decomposition machinery; the policy is the autograd stage's.
+"""decomposition_tables: the lower stage's decomposition machinery; the policy is the autograd
+stage's.
 
 Which ops are decomposed here, and why, is `kiln.autograd.decompositions` (kiln's one policy):
 

@@ -1,4 +1,5 @@
-"""config: kernel configurations (block sizes, warps, stages) and the kind of kernel a group gets.
+"""kernel_configs: kernel configurations (block sizes, warps, stages) and the kind of kernel a
+group gets.
 
 A `KernelConfig` fixes everything `emit_group` needs besides the group itself: the kernel kind
 ("pointwise", "persistent_reduction", "looped_reduction"), the constexpr blocks `XBLOCK` /

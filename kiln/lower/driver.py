@@ -1,4 +1,4 @@
-"""build: the lower stage's driver — graph passes, inputs, the interpreter, outputs.
+"""driver: runs the lower stage — graph passes, inputs, the interpreter, outputs.
 
 `build_graph` is `lower_graph`'s body: it copies the FX graph (passes never touch the caller's),
 eliminates dead code, rewrites explicit attention, pads misaligned large matmuls on CUDA

@@ -1,5 +1,6 @@
-"""emit: adding ATen nodes to an FX graph during a graph pass, each with the `meta["val"]` (a
-fake tensor) that later passes and the lower stage read, and the user source line it stands for.
+"""graph_emit: adding ATen nodes to an FX graph during a graph pass, each with the `meta["val"]`
+(a fake tensor) that later passes and the lower stage read, and the user source line it stands
+for.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""cache: stable cache keys and small JSON caches on disk.
+"""disk_cache: stable cache keys and small JSON caches on disk.
 
 - `cache_key(*parts)`: a sha256 over a canonical serialization of its parts. Only values whose
   text is the same in every process are accepted (strings, numbers, tuples/lists, dicts and sets

@@ -1,4 +1,4 @@
-"""A version counter for nn.Module state.
+"""module_version: a version counter for nn.Module state.
 
 Guards on module attributes, parameters, submodules and hooks only need re-checking when some
 module changed. `nn.Module.__setattr__`/`__delattr__`, the `register_*` methods, hook handle

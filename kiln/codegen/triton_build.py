@@ -1,4 +1,4 @@
-"""build: compile a `KernelSpec` with Triton and launch it.
+"""triton_build: compile a `KernelSpec` with Triton and launch it.
 
 `triton.jit` reads the function's source file, so `compile_kernel` writes `spec.source` to
 `<cache dir>/<spec.name>_<spec.key>.py` (`KILN_CODEGEN_CACHE_DIR`, default

@@ -1,9 +1,9 @@
-"""Per-code caches and their generated dispatchers.
+"""dispatch: per-code guard caches and their generated dispatchers.
 
 For each (code object, compile settings) a `CodeCache` holds entries, most recent first. Its
 dispatcher is Python source generated with the user function's own signature: CPython binds the
 arguments, each entry's guards are one inlined `if`, and a miss calls back into capture. Module
-guards sit behind a version check (see `mutation`), so a hit costs a few comparisons.
+guards sit behind a version check (see `module_version`), so a hit costs a few comparisons.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import Any, Callable
 import torch
 
 from kiln.capture.guards import AMBIENT_NAMESPACE, Constants, Guard
-from kiln.capture.mutation import MODULE_VERSION
+from kiln.capture.module_version import MODULE_VERSION
 from kiln.diagnostics import GuardFailure, Unsupported
 
 __all__ = ["CacheEntry", "CodeCache", "Dispatcher", "GRAPH_RUNS", "build_dispatcher", "cache_for",
