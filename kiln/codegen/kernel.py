@@ -27,7 +27,7 @@ import functools
 import hashlib
 import math
 import re
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 from kiln.codegen.kernel_configs import (
     KernelConfig,
@@ -198,19 +198,44 @@ def _header(group: FusedGroup, config: KernelConfig, red_class: str) -> list[str
     return lines
 
 
-def _define_vars(prefix: str, ranges: tuple[int, ...], source: str) -> list[str]:
-    """`x0 = xindex // 16`, `x1 = xindex % 16`, ... (size-1 dims never appear in indices)."""
-    defs = []
+def _define_vars(prefix: str, ranges: tuple[int, ...], source: str,
+                 order: Sequence[int] | None = None) -> list[str]:
+    """`x0 = xindex // 16`, `x1 = xindex % 16`, ... (size-1 dims never appear in indices).
+    `order`: the dims from outermost to innermost in `source` (default: as listed), so a
+    pointwise kernel can walk its output's memory order (a channels-last buffer's C fastest)."""
+    order = tuple(range(len(ranges))) if order is None else tuple(order)
+    defs = {}
     inner = 1
-    for d in reversed(range(len(ranges))):
+    for d in reversed(order):
         size = ranges[d]
         if size != 1:
             text = source if inner == 1 else f"({source} // {inner})"
             if inner * size != math.prod(ranges):
                 text = f"{text} % {size}"
-            defs.append(f"{prefix}{d} = {text}")
+            defs[d] = f"{prefix}{d} = {text}"
         inner *= size
-    return list(reversed(defs))
+    return [defs[d] for d in sorted(defs)]
+
+
+def memory_order(group: FusedGroup) -> tuple[int, ...] | None:
+    """The order (outermost first) in which a pointwise group walks its loop so that its first
+    stored buffer is written contiguously: the dims by decreasing stride. None when that is the
+    listed order, or no store spans the loop dim for dim. Without it a kernel writing a
+    channels-last buffer steps C elements between neighbouring lanes (3x slower on the H200's
+    ResNet-50 than eager)."""
+    by_name = {node.name: node for node in group.nodes}
+    for name in group.stores:
+        node = by_name.get(name)
+        if node is None or tuple(node.data.ranges) != tuple(group.x_ranges):
+            continue
+        stride = node.layout.stride
+        if len(stride) != len(group.x_ranges):
+            return None
+        big = [d for d in range(len(stride)) if group.x_ranges[d] != 1]
+        order = sorted(big, key=lambda d: -stride[d])
+        return None if order == big else tuple(order) + tuple(
+            d for d in range(len(stride)) if group.x_ranges[d] == 1)
+    return None
 
 
 # -- prologues ---------------------------------------------------------------------------------
@@ -225,7 +250,8 @@ def _x_prologue(group: FusedGroup, config: KernelConfig, masked: bool, wide: boo
               f"xindex = xoffset + tl.arange(0, XBLOCK){tile}"]
     if masked:
         lines.append("xmask = xindex < xnumel")
-    return lines + _define_vars("x", group.x_ranges, "xindex")
+    order = memory_order(group) if config.kind == "pointwise" else None
+    return lines + _define_vars("x", group.x_ranges, "xindex", order)
 
 
 def _r_prologue(group: FusedGroup, config: KernelConfig, masked: bool, wide: bool) -> list[str]:

@@ -116,3 +116,22 @@ def test_a_graph_whose_outputs_would_change_layout_is_left_alone(applied, device
     for (name, p), q in zip(model.named_parameters(), reference.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4, msg=name)
     assert applied and all(count == 0 for count in applied)
+
+
+def test_a_pointwise_kernel_walks_its_channels_last_output_in_memory_order():
+    """Neighbouring lanes of a pointwise kernel writing an NHWC buffer write neighbouring
+    elements (C fastest), not elements C apart."""
+    from kiln.codegen.kernel import _define_vars, memory_order
+    from kiln.lower import lower_graph
+    from kiln.lower.decomposition_tables import trace_aten
+    from kiln.schedule import schedule
+
+    x = torch.randn(2, 16, 4, 5).to(memory_format=torch.channels_last)
+    graph = lower_graph(trace_aten(lambda t: torch.relu(t * 2 + 1), x))
+    (group,) = [s for s in schedule(graph).steps if hasattr(s, "x_ranges")]
+    order = memory_order(group)
+    assert order is not None and order[-1] == 1  # C innermost
+    lines = _define_vars("x", tuple(group.x_ranges), "xindex", order)
+    assert "x1 = xindex % 16" in lines
+    torch.testing.assert_close(kiln.compile(lambda t: torch.relu(t * 2 + 1), backend="kiln")(x),
+                               torch.relu(x * 2 + 1))
