@@ -236,6 +236,7 @@ def _check_disabled_passes() -> None:
     """A misspelled or required name in KILN_DISABLE_PASSES fails before any work, with the
     passes of every stage this backend runs in the message."""
     if config.disabled_passes:
+        import kiln.lower.driver  # noqa: F401  (declares the lower stage's passes)
         import kiln.schedule  # noqa: F401  (declares the schedule stage's passes)
 
         disabled_passes()

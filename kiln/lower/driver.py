@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import torch
 import torch.fx
 
-from kiln.lower import _compat, channels_last, rules  # noqa: F401  (rules: the rule table)
+from kiln.lower import _compat, attention, channels_last, padding, rules  # noqa: F401 (rules: the rule table)
 from kiln.lower.deps import read_writes
 from kiln.lower.ir import (
     ComputedBuffer,
@@ -28,9 +28,10 @@ from kiln.lower.ir import (
     TensorArg,
 )
 from kiln.lower.lowering import GraphBuilder, Interpreter, LoweringError
+from kiln.passes import Pass, PassList
 from kiln.lower.values import BufferValue, PointwiseValue, TensorValue, strided_view
 
-__all__ = ["build_graph", "copy_graph_module"]
+__all__ = ["PASSES", "build_graph", "copy_graph_module"]
 
 log = logging.getLogger("kiln.lower")
 
@@ -43,20 +44,44 @@ def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     return torch.fx.GraphModule(gm, graph)
 
 
+def _rewrite_attention(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    attention.rewrite_attention(gm)
+    return gm
+
+
+def _pad_matmuls(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    padding.pad_matmuls(gm)
+    return gm
+
+
+def _channels_last(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    channels_last.use_channels_last(gm)
+    return gm
+
+
+def _print_fx(gm: torch.fx.GraphModule) -> str:
+    return gm.code
+
+
+# The lower stage's graph passes on the ATen graph, before it is interpreted into the IR
+# (kiln.passes: timed, dumped under KILN_DEBUG_DIR, `KILN_DISABLE_PASSES=channels_last`).
+PASSES = PassList("lower", [
+    Pass("attention_rewrite", _rewrite_attention, "explicit softmax(q @ kᵀ) @ v attention "
+         "becomes one SDPA call", flag="attention_rewrite"),
+    Pass("pad_matmuls", _pad_matmuls, "large matmuls with rows not 16-byte aligned run on "
+         "zero-padded operands (CUDA)"),
+    Pass("channels_last", _channels_last, "convolution graphs computed in NHWC memory order "
+         "(CUDA)"),
+], _print_fx)
+
+
 def build_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None = None, *,
                 attention_rewrite: bool = True) -> IRGraph:
     start = time.perf_counter()
     gm = copy_graph_module(gm)
     gm.graph.eliminate_dead_code()
     metas = _output_metas(gm)  # before the passes: outputs keep the strides eager gives them
-    if attention_rewrite:
-        from kiln.lower.attention import rewrite_attention
-
-        rewrite_attention(gm)
-    from kiln.lower.padding import pad_matmuls
-
-    pad_matmuls(gm)
-    channels_last.use_channels_last(gm)
+    gm = PASSES.run(gm, flags={"attention_rewrite": attention_rewrite})
     builder = GraphBuilder()
     interp = Interpreter(builder)
     _bind_inputs(gm, example_inputs, builder, interp)

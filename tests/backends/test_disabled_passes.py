@@ -19,7 +19,8 @@ from kiln.errors import KilnConfigError
 
 pytest.importorskip("triton")
 
-OPTIMIZATIONS = "gemm_merge,attention_layout,elide,split,fusion,joint_attention"
+OPTIMIZATIONS = ("attention_rewrite,pad_matmuls,channels_last,gemm_merge,attention_layout,elide,split,"
+                 "fusion,joint_attention")
 
 
 @pytest.fixture(autouse=True)
@@ -59,7 +60,8 @@ def test_inference_with_every_optimization_off_matches_eager(recorder, device):
     for got, want in zip(compiled(*fresh), mlp(*fresh)):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     statuses = {r.name: r.status for r in recorder.passes}
-    assert statuses == {"joint_attention": "off", "gemm_merge": "off",
+    assert statuses == {"attention_rewrite": "off", "pad_matmuls": "off", "channels_last": "off",
+                        "joint_attention": "off", "gemm_merge": "off",
                         "attention_layout": "off", "elide": "off", "split": "off",
                         "fusion": "off, stand-in ran", "memory": "ran"}
 
@@ -103,10 +105,14 @@ def test_debug_dir_has_a_folder_per_pass_list_run(tmp_path, device):
     kiln.compile(mlp, backend="kiln")(*_mlp_inputs(device))
     folders = sorted(os.listdir(config.debug_dir))
     passes = [f for f in folders if f.endswith("_passes")]
-    assert [f.split("_", 1)[1] for f in passes] == ["autograd_passes", "schedule_passes"]
+    assert [f.split("_", 1)[1] for f in passes] == ["autograd_passes", "lower_passes",
+                                                    "schedule_passes"]
     assert sorted(os.listdir(os.path.join(config.debug_dir, passes[0]))) == [
         "00_input.py", "01_joint_attention.py", "passes.json"]
-    assert len(os.listdir(os.path.join(config.debug_dir, passes[1]))) == 8  # input + 6 + json
+    assert sorted(os.listdir(os.path.join(config.debug_dir, passes[1]))) == [
+        "00_input.py", "01_attention_rewrite.py", "02_pad_matmuls.py", "03_channels_last.py",
+        "passes.json"]
+    assert len(os.listdir(os.path.join(config.debug_dir, passes[2]))) == 8  # input + 6 + json
     graphs, _ = read_debug_dir(config.debug_dir)  # the report reads graph folders only
     assert not any(g.name.endswith("_passes") for g in graphs)
     assert any(g.name.endswith("_inference") for g in graphs)
