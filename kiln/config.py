@@ -67,6 +67,11 @@ _FIELDS: dict[str, _Field] = {
     "fp_fusion": _Field(False, bool, "KILN_FP_FUSION",
                         "let Triton contract a * b + c into FMAs in generated kernels (faster, "
                         "but rounds differently from eager, which rounds each op)"),
+    # Off by default: measured on the H200 (bf16, batch 64; benchmarks/RESULTS.md) it made
+    # MobileNetV3 2.2x and ConvNeXt 1.18x slower and ResNet-50 only 5% faster.
+    "channels_last": _Field(False, bool, "KILN_CHANNELS_LAST",
+                            "compute CUDA graphs with two or more convolutions in NHWC memory "
+                            "order (kiln.lower.channels_last; inference graphs only)"),
 }
 
 

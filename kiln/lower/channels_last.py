@@ -4,7 +4,11 @@ cuDNN's fast convolutions on tensor cores read and write NHWC. Given NCHW tensor
 graph kept in eager's layouts) pays for the conversion inside every convolution call, and every
 BatchNorm / activation / residual kernel between two convolutions works on NCHW. torch.compile
 switches conv graphs to channels-last (Inductor's layout optimization); so does this pass, on
-CUDA graphs before lowering:
+CUDA graphs before lowering, when `config.channels_last` (`KILN_CHANNELS_LAST=1`) is on. It is
+off by default: on the H200 (bf16, batch 64) it made MobileNetV3 8.1 ms (3.8 without) and
+ConvNeXt-T 5.4 ms (4.5) and ResNet-50 5.0 ms (5.3). Not profiled yet; the suspects are cuDNN's
+NHWC depthwise kernels and kiln's reductions (squeeze-excite means, LayerNorm) reading NHWC
+buffers (docs/lower.md). With it on:
 
 1. every 2-D convolution whose input is not channels-last reads a channels-last copy of it
    (in practice only the first one: the copy's layout then flows through the graph);
@@ -28,6 +32,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from kiln.config import config
 from kiln.lower import _compat
 
 __all__ = ["DEVICES", "MIN_CONVS", "use_channels_last"]
@@ -47,9 +52,11 @@ class _Abandon(Exception):
 
 
 def use_channels_last(gm: torch.fx.GraphModule) -> int:
-    """Rewrite `gm` (in place) to compute its convolutions channels-last when it has at least
-    `MIN_CONVS` 2-D convolutions on `DEVICES`; returns the number of copies inserted (0: left
-    as it was)."""
+    """Rewrite `gm` (in place) to compute its convolutions channels-last when
+    `config.channels_last` is on and it has at least `MIN_CONVS` 2-D convolutions on `DEVICES`;
+    returns the number of copies inserted (0: left as it was)."""
+    if not config.channels_last:
+        return 0
     if sum(1 for node in gm.graph.nodes if _conv2d_input(node) is not None) < MIN_CONVS:
         return 0
     try:

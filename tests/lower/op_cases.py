@@ -51,12 +51,13 @@ def operands(op: MathOp, dtype: torch.dtype, gen: torch.Generator, n: int = 64,
 
 
 def _operand(dtype: torch.dtype, positive: bool, gen: torch.Generator, n: int) -> torch.Tensor:
+    """Drawn on the CPU (a CPU generator), also where the CUDA suite makes CUDA the default."""
     if dtype == torch.bool:
-        return torch.rand(n, generator=gen) > 0.5
+        return torch.rand(n, generator=gen, device="cpu") > 0.5
     if not dtype.is_floating_point:
-        x = torch.randint(1, 9, (n,), generator=gen, dtype=dtype)
-        return x if positive else x * (torch.randint(0, 2, (n,), generator=gen) * 2 - 1)
-    x = torch.randn(n, generator=gen) * 3
+        x = torch.randint(1, 9, (n,), generator=gen, dtype=dtype, device="cpu")
+        return x if positive else x * (torch.randint(0, 2, (n,), generator=gen, device="cpu") * 2 - 1)
+    x = torch.randn(n, generator=gen, device="cpu") * 3
     x = torch.where(x.abs() < 0.1, torch.full_like(x, 0.5), x)
     return (x.abs() if positive else x).to(dtype)
 

@@ -20,6 +20,7 @@ pytestmark = pytest.mark.usefixtures("generated_kernels")
 def applied(monkeypatch, device):
     """The pass on this device; records the copies each graph got (None: not run)."""
     monkeypatch.setattr(channels_last, "DEVICES", (torch.device(device).type,))
+    monkeypatch.setattr(channels_last.config, "channels_last", True)
     counts: list[int] = []
     original = channels_last.use_channels_last
 

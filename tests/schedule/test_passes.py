@@ -57,6 +57,7 @@ EFFECTS = {
 }
 
 
+@pytest.mark.explicit_device  # module-scoped CPU seed-block graphs
 @pytest.mark.parametrize("name", [n for n in ORDER if n != "memory"])
 def test_a_pass_switched_off_by_name_still_gives_eagers_answer(name, inference, recorder):
     gm, example, graph = inference

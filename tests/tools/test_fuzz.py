@@ -238,11 +238,16 @@ def test_smoke_campaign(backend):
     assert time.perf_counter() - start < 60
 
 
+# Read at import, before any reproducer runs: a reproducer sets TRITON_INTERPRET itself (for
+# running it alone), which must not make a CUDA test process look interpreted.
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def _generated_kernels_device() -> str:
     """Where the kiln backend's generated kernels run in this process: the Triton interpreter
     on the CPU (TRITON_INTERPRET=1, set by tests/conftest.py on CPU runs), else the GPU (the
     CUDA suite: one Triton mode per process, so the interpreter is not available there)."""
-    return "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
+    return "cpu" if _INTERPRETED else "cuda"
 
 
 def test_smoke_campaign_through_triton_interpreter():
