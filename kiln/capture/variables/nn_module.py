@@ -100,6 +100,10 @@ class ModuleVT(_ObjectBase):
             table = instance_dict.get(slot, {})
             if name in table:
                 return wrap(tx, table[name], kind(src, name), module_guard=True)
+        if src is not None:  # `hasattr(self, name)` is False until the module changes
+            tx.output.guards.add(Guard(f"hasattr({src.expr()}, {name!r})", "is", "False", False,
+                                       f"hasattr({src.name()}, {name!r})", "no attribute",
+                                       module=True))
         unsupported("missing-attribute", f"{type(module).__name__} has no attribute {name!r}",
                     category="user-fixable")
 

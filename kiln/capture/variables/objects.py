@@ -259,8 +259,12 @@ class UserObjectVT(_ObjectBase):
         instance_dict = getattr(self.value, "__dict__", {})
         if not is_data_descriptor and name in instance_dict:
             value = instance_dict[name]
-            return wrap(tx, value, Attr(self.source, name)) if self.source else \
-                wrap_derived(tx, value)
+            if self.source is None:
+                return wrap_derived(tx, value)
+            # checked before the value's own guards, which would raise on an object without it
+            # (`hasattr`, `getattr` with a default and class patterns read optional attributes)
+            tx.output.guards.in_dict(self.source, name, module=False)
+            return wrap(tx, value, Attr(self.source, name))
         if self.source is not None and hasattr(self.value, "__dict__"):
             tx.output.guards.not_in_dict(self.source, name, module=False)
         if isinstance(attr, (types.GetSetDescriptorType, types.MemberDescriptorType)):
