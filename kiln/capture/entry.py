@@ -16,7 +16,8 @@ from kiln.capture.guards import Guard
 from kiln.capture.handlers_calls import WithExitVT
 from kiln.capture.sources import attr_expr
 from kiln.capture.unsupported import unsupported
-from kiln.capture.variables.base import VT, ConstantVT, LazyVT, NotConstant, NullVT
+from kiln.capture.variables.base import (VT, ConstantVT, DeletedVT, LazyVT, NotConstant,
+                                         NullVT)
 from kiln.capture.variables.builtins import BuiltinVT, SpecialVT
 from kiln.capture.variables.containers import BoundBuiltinMethod, DictVT, ListVT, SliceVT, TupleVT
 from kiln.capture.variables.output_dict import OutputDictVT, build_output_dict
@@ -77,6 +78,8 @@ class _Rebuilder:
             return self._node(vt.node)
         if isinstance(vt, NdarrayVT):
             return self._ndarray(vt)
+        if isinstance(vt, ConstantVT) and type(vt.value) is set:
+            return self._set(vt)
         if isinstance(vt, ConstantVT):
             return self.consts.literal_or_ref(vt.value)
         if isinstance(vt, TupleVT):
@@ -115,6 +118,16 @@ class _Rebuilder:
                     "region is not supported yet",
                     hint="keep such values (generators, functions made inside, iterators) "
                          "inside the compiled code, or create them outside it")
+
+    def _set(self, vt: ConstantVT) -> str:
+        """A set the traced code built (sets are constants during capture): a fresh copy per
+        call, made once per entry, so the caller never shares the compile-time object."""
+        key = id(vt.value)  # trackers of one set share its copy
+        name = self._made.get(key)
+        if name is None:
+            name = self._made[key] = f"__made{len(self._made)}"
+            self.prelude.append(f"{name} = {self.consts.ref(vt.value)}.copy()")
+        return name
 
     def _generator(self, vt: GeneratorVT) -> str:
         """A generator the traced code created but did not start: create it again (once)."""
@@ -180,7 +193,11 @@ class _Rebuilder:
 
     def _replay_attrs(self, obj: VT) -> list[str]:
         target = obj.source.expr()
-        return [f"setattr({target}, {name!r}, {self.expr(value)})"
+        # a deletion (the class's plain __delattr__: see check_deletable) leaves the name out of
+        # the instance dict; it was absent already if the trace had set it first
+        return [f"if {name!r} in {target}.__dict__: delattr({target}, {name!r})"
+                if isinstance(value, DeletedVT) else
+                f"setattr({target}, {name!r}, {self.expr(value)})"
                 for name, value in obj.pending.items()]
 
     def _replay_container(self, vt: VT) -> list[str]:
@@ -195,7 +212,10 @@ class _Rebuilder:
         return [f"{self.consts.ref(fn_globals)}[{name!r}] = {self.expr(value)}"]
 
     def _replay_cell(self, box: Any) -> list[str]:
-        return [f"{box.source.expr()} = {self.expr(box.value)}"]
+        target = box.source.expr()
+        if box.value is None:  # `del` (DELETE_DEREF): the cell may have been empty already
+            return [f"{target} = None", f"del {target}"]
+        return [f"{target} = {self.expr(box.value)}"]
 
 
 def build_entry_code(output: OutputGraph, result: VT) -> EntryCode:

@@ -232,6 +232,12 @@ class GuardSet:
                        f"{attr!r} in {source.name()}.__dict__", "no shadowing", module, None,
                        display=f"{attr!r} not in {source.name()}.__dict__"))
 
+    def in_dict(self, source: Source, attr: str, *, module: bool) -> None:
+        """The instance attribute is there (the code deletes it)."""
+        self.add(Guard(f"({attr!r} in {source.expr()}.__dict__)", "is", "True", True,
+                       f"{attr!r} in {source.name()}.__dict__", "attribute present", module, None,
+                       display=f"{attr!r} in {source.name()}.__dict__"))
+
     def tensor_match(self, source: Source, value: torch.Tensor, *, module: bool = False,
                      location: UserLocation | None = None) -> None:
         """Type, dtype, device, shape, strides and requires_grad, cheapest first."""

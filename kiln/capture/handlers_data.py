@@ -126,10 +126,25 @@ def STORE_DEREF(tx: Translator, inst: Instr) -> None:
     box = tx.cells.get(inst.argval)
     if box is None:
         box = tx.cells[inst.argval] = CellBox()
-    if box.source is not None and not getattr(box, "written", False):
+    _record_cell_write(tx, box, inst.argval)
+    box.value = tx.pop()
+
+
+def DELETE_DEREF(tx: Translator, inst: Instr) -> None:
+    tx.load_cell(inst.argval)  # an empty cell raises NameError in eager; a full one is guarded
+    box = tx.cells[inst.argval]
+    _record_cell_write(tx, box, inst.argval)
+    box.value = None
+
+
+def _record_cell_write(tx: Translator, box: CellBox, name: str) -> None:
+    """A cell of a real function outlives the call: its final contents are replayed."""
+    if box.detached:
+        unsupported("cell-write", f"writing free variable {name!r} of a function capture has "
+                    "no source for (library code): the write could not be replayed")
+    if box.source is not None and not box.written:
         box.written = True
         tx.output.side_effects.append(("cell", box))
-    box.value = tx.pop()
 
 
 def LOAD_CLOSURE(tx: Translator, inst: Instr) -> None:
@@ -162,6 +177,10 @@ def STORE_ATTR(tx: Translator, inst: Instr) -> None:
     obj = tx.pop()
     value = tx.pop()
     obj.setattr(tx, inst.argval, value)
+
+
+def DELETE_ATTR(tx: Translator, inst: Instr) -> None:
+    tx.pop().delattr(tx, inst.argval)
 
 
 def IMPORT_NAME(tx: Translator, inst: Instr) -> None:
@@ -334,7 +353,26 @@ def BUILD_LIST(tx: Translator, inst: Instr) -> None:
 
 def BUILD_SET(tx: Translator, inst: Instr) -> None:
     items = tx.popn(inst.arg)
-    tx.push(ConstantVT({i.as_constant() for i in items}))
+    tx.push(ConstantVT({set_item(i) for i in items}))
+
+
+def set_item(vt: VT) -> object:
+    """A set is a constant during capture: its items must be hashable constants (a set of
+    tensors hashes them by identity, which a graph cannot keep)."""
+    if isinstance(vt, SymScalarVT):
+        return vt.as_constant()  # specialized: a set member's value is needed
+    if not vt.is_constant():
+        unsupported("set-item", f"a set holding {vt.describe()}: capture keeps sets as "
+                    "constants, so their items must be known at compile time",
+                    hint="build sets from ints, strings and other constants; keep tensors in a "
+                         "list or tuple")
+    value = vt.as_constant()
+    try:
+        hash(value)
+    except TypeError:
+        unsupported("set-item", f"unhashable {type(value).__name__} in a set",
+                    category="user-fixable")
+    return value
 
 
 def BUILD_MAP(tx: Translator, inst: Instr) -> None:
@@ -378,7 +416,13 @@ def LIST_EXTEND(tx: Translator, inst: Instr) -> None:
 
 def SET_ADD(tx: Translator, inst: Instr) -> None:
     value = tx.pop()
-    tx.stack[-inst.arg].as_constant().add(value.as_constant())
+    tx.stack[-inst.arg].as_constant().add(set_item(value))
+
+
+def SET_UPDATE(tx: Translator, inst: Instr) -> None:
+    """`{*a, *b}`: BUILD_SET 0, then one SET_UPDATE per starred operand."""
+    items = iterate(tx, tx.pop()).unpack(tx)
+    tx.stack[-inst.arg].as_constant().update(set_item(i) for i in items)
 
 
 def MAP_ADD(tx: Translator, inst: Instr) -> None:

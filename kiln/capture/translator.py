@@ -223,8 +223,8 @@ def register_handlers(module: types.ModuleType) -> None:
 
 
 def _load_handlers() -> None:
-    from kiln.capture import handlers_calls, handlers_control, handlers_data
-    for module in (handlers_calls, handlers_control, handlers_data):
+    from kiln.capture import handlers_calls, handlers_control, handlers_data, handlers_match
+    for module in (handlers_calls, handlers_control, handlers_data, handlers_match):
         register_handlers(module)
 
 

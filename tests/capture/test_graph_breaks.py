@@ -476,24 +476,26 @@ class Box:
         return type(other) is Box and vars(self) == vars(other)
 
 
-def deletes_attribute(x, box):
+def defines_class(x, box):
     y = x.sin()
     box.tmp = y.sum()
-    del box.tmp  # BRK-DELATTR
+    class Local:  # BRK-CLASS
+        pass
+    box.kind = Local.__name__
     return y.cos()
 
 
-def test_unsupported_opcode_delete_attr():
+def test_unsupported_opcode_class_statement():
     backend = CountingBackend()
-    compiled = kiln.compile(deletes_attribute, backend=backend)
-    _compare(deletes_attribute, compiled, lambda: (torch.randn(5), Box()), calls=3)
-    # DELETE_ATTR is not a call or a branch: kiln cannot resume after it, so the function runs
-    # route-only (no graph of its own; it calls nothing kiln could compile): 0 graphs.
+    compiled = kiln.compile(defines_class, backend=backend)
+    _compare(defines_class, compiled, lambda: (torch.randn(5), Box()), calls=3)
+    # LOAD_BUILD_CLASS is not a call or a branch: kiln cannot resume after it, so the function
+    # runs route-only (no graph of its own; it calls nothing kiln could compile): 0 graphs.
     assert backend.count == 0
-    out = kiln.explain(deletes_attribute)(torch.randn(5), Box())
+    out = kiln.explain(defines_class)(torch.randn(5), Box())
     assert out.graph_count == 0
     (record,) = out.break_reasons
-    assert record.code == "unsupported-opcode" and _points_at(record, "BRK-DELATTR")
+    assert record.code == "unsupported-opcode" and _points_at(record, "BRK-CLASS")
 
 
 # --- new input values do not recompile the resume functions over and over -----------------------
@@ -1157,7 +1159,7 @@ RECORD_CASES = [
     (use_numpy, _randn(5)), (crc_of_tensor, _randn(5)), (branch_on_sum, _randn(5)),
     (explicit_break, _randn(5)), (calls_disabled, _randn(5)), (uses_id, _randn(5)),
     (uses_generator, _randn(5)), (try_in_forward, _randn(5)),
-    (deletes_attribute, lambda: (torch.randn(5), Box())),
+    (defines_class, lambda: (torch.randn(5), Box())),
     (method_chain, lambda: (torch.randn(4), torch.randn(()), Scaler(torch.randn(4)))),
     (calls_printing_helper, _randn(5)),
 ]

@@ -990,3 +990,41 @@ def test_a_module_no_guard_has_seen_does_not_move_the_version():
     watch(fresh[0])
     fresh[0].bias = None
     assert MODULE_VERSION[0] > version
+
+
+class _Holder:
+    pass
+
+
+def _optional_bias(obj, x):
+    if hasattr(obj, "bias"):
+        return x + obj.bias
+    return x * 2
+
+
+def test_an_object_without_a_guarded_attribute_is_a_miss(counting_backend):
+    # the attribute's presence is checked before its value's guards, which would raise
+    c = _compile(_optional_bias, counting_backend)
+    with_bias, without = _Holder(), _Holder()
+    with_bias.bias = torch.randn(3)
+    for obj in (with_bias, without, with_bias, without):
+        _run(c, _optional_bias, obj, torch.randn(3))
+    assert counting_backend.count == 2
+
+
+class _MaybeWarm(nn.Module):
+    def forward(self, x):
+        if hasattr(self, "warm"):
+            return x * self.warm
+        return x + 1
+
+
+def test_an_attribute_a_module_lacks_is_guarded_absent(counting_backend):
+    model = _MaybeWarm()
+    c = _compile(model, counting_backend)
+    _run(c, model, torch.randn(3))
+    model.warm = 3.0  # moves the version: the first entry's absence guard fails
+    _run(c, model, torch.randn(3))
+    del model.warm
+    _run(c, model, torch.randn(3))
+    assert counting_backend.count == 2

@@ -15,7 +15,7 @@ from kiln.capture.unsupported import unsupported
 if TYPE_CHECKING:
     from kiln.capture.translator import Translator
 
-__all__ = ["VT", "NotConstant", "ConstantVT", "NullVT", "CellBox", "LazyVT"]
+__all__ = ["VT", "NotConstant", "ConstantVT", "NullVT", "DeletedVT", "CellBox", "LazyVT"]
 
 
 class NotConstant(Exception):
@@ -43,6 +43,10 @@ class VT:
     def setattr(self, tx: Translator, name: str, value: VT) -> None:
         unsupported("unsupported-setattr",
                     f"setting attribute {name!r} on {self.describe()} is not supported")
+
+    def delattr(self, tx: Translator, name: str) -> None:
+        unsupported("unsupported-delattr",
+                    f"deleting attribute {name!r} of {self.describe()} is not supported")
 
     def call(self, tx: Translator, args: list[VT], kwargs: dict[str, VT]) -> VT:
         unsupported("unsupported-call", f"calling {self.describe()} is not supported")
@@ -118,15 +122,28 @@ class NullVT(VT):
         return "NULL"
 
 
+class DeletedVT(VT):
+    """What a pending attribute write holds after `del obj.attr`: the entry replays a deletion,
+    and reads of the name see the class attribute again (or none)."""
+
+    def describe(self) -> str:
+        return "a deleted attribute"
+
+
 class CellBox:
     """A closure cell during capture: holds a tracker (or None while empty).
 
     `source` is set for cells of real functions (their contents live on after the call, so writes
-    are replayed); cells created by the traced code itself have no source."""
+    are replayed); cells created by the traced code itself have no source. `detached` marks a
+    real function's cell capture has no source for (library code): a write to it could not be
+    replayed, so it stops capture. `written`: a write is already recorded as a side effect."""
 
-    def __init__(self, value: VT | None = None, source: Source | None = None) -> None:
+    def __init__(self, value: VT | None = None, source: Source | None = None, *,
+                 detached: bool = False) -> None:
         self.value = value
         self.source = source
+        self.detached = detached
+        self.written = False
 
 
 class LazyVT(VT):

@@ -365,6 +365,11 @@ def _setattr(tx: Translator, args: Args, kwargs: Kwargs) -> VT | None:
     return ConstantVT(None)
 
 
+def _delattr(tx: Translator, args: Args, kwargs: Kwargs) -> VT | None:
+    args[0].delattr(tx, args[1].as_constant())
+    return ConstantVT(None)
+
+
 def _slice(tx: Translator, args: Args, kwargs: Kwargs) -> VT | None:
     parts = list(args) + [ConstantVT(None)] * (3 - len(args))
     if len(args) == 1:
@@ -416,8 +421,8 @@ _HANDLERS: dict[Any, Callable[[Translator, Args, Kwargs], VT | None]] = {
     set: _sequence_builder(set), frozenset: _sequence_builder(frozenset),
     enumerate: _enumerate, zip: _zip, reversed: _reversed, all: _all_any(False),
     any: _all_any(True), sum: _sum, min: _min_max(min), max: _min_max(max), abs: _abs,
-    getattr: _getattr, hasattr: _hasattr, setattr: _setattr, slice: _slice, print: _print,
-    callable: _callable, super: _super, bool: _bool, id: _id, sorted: _sorted,
+    getattr: _getattr, hasattr: _hasattr, setattr: _setattr, delattr: _delattr, slice: _slice,
+    print: _print, callable: _callable, super: _super, bool: _bool, id: _id, sorted: _sorted,
 }
 
 

@@ -84,10 +84,10 @@ class UserFunctionVT(_InlinableVT):
             try:
                 contents = cell.cell_contents
             except ValueError:  # an empty cell (variable assigned later)
-                cells.append(CellBox(None, source))
+                cells.append(CellBox(None, source, detached=source is None))
                 continue
             value = wrap(tx, contents, source) if source is not None else wrap_derived(tx, contents)
-            cells.append(CellBox(value, source))
+            cells.append(CellBox(value, source, detached=source is None))
         return cells
 
     def defaults(self, tx: Translator) -> tuple[list[VT], dict[str, VT]]:

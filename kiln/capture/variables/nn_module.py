@@ -15,7 +15,7 @@ import torch
 from kiln.capture.guards import Guard
 from kiln.capture.sources import Buffer, DictAttr, Param, Source, SubModule
 from kiln.capture.unsupported import unsupported
-from kiln.capture.variables.base import VT, ConstantVT
+from kiln.capture.variables.base import VT, ConstantVT, DeletedVT
 from kiln.capture.variables.containers import ListVT, TupleVT
 from kiln.capture.variables.functions import UserFunctionVT
 from kiln.capture.variables.objects import MISSING, ClassVT, _ObjectBase, lookup_class_attr
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ModuleVT", "module_has_hooks", "call_module_with_hooks"]
 
+_STATE_DICTS = ("_parameters", "_buffers", "_modules")
 _HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 
 
@@ -80,7 +81,10 @@ class ModuleVT(_ObjectBase):
     def getattr(self, tx: Translator, name: str) -> VT:
         from kiln.capture.variables.builder import wrap
         if name in self.pending:
-            return self.pending[name]
+            written = self.pending[name]
+            if isinstance(written, DeletedVT):  # not a parameter, buffer or submodule (delattr)
+                return self.deleted_attr(tx, name, (torch.nn.Module.__getattr__,))
+            return written
         module, src = self.module, self.source
         if name == "__class__":
             return ClassVT(self.cls)
@@ -100,6 +104,10 @@ class ModuleVT(_ObjectBase):
             table = instance_dict.get(slot, {})
             if name in table:
                 return wrap(tx, table[name], kind(src, name), module_guard=True)
+        if src is not None:  # `hasattr(self, name)` is False until the module changes
+            tx.output.guards.add(Guard(f"hasattr({src.expr()}, {name!r})", "is", "False", False,
+                                       f"hasattr({src.name()}, {name!r})", "no attribute",
+                                       module=True))
         unsupported("missing-attribute", f"{type(module).__name__} has no attribute {name!r}",
                     category="user-fixable")
 
@@ -113,6 +121,17 @@ class ModuleVT(_ObjectBase):
         if not self.pending:
             tx.output.side_effects.append(("attrs", self))
         self.pending[name] = value
+
+    def delattr(self, tx: Translator, name: str) -> None:
+        if self.source is None:
+            unsupported("delattr", f"deleting {name!r} of a module without a source")
+        if any(name in self.module.__dict__.get(table, ()) for table in _STATE_DICTS):
+            unsupported("module-delattr", f"deleting parameter, buffer or submodule {name!r} "
+                        "inside a compiled function is not supported",
+                        hint="delete parameters, buffers and submodules outside the compiled "
+                             "function")
+        self.check_deletable(name, torch.nn.Module.__dict__["__delattr__"])
+        self.record_delete(tx, name, self.module.__dict__, module=True)
 
     def call(self, tx: Translator, args: list[VT], kwargs: dict[str, VT]) -> VT:
         forward = self.getattr(tx, "forward")

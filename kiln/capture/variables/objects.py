@@ -14,7 +14,7 @@ import torch
 from kiln.capture import _compat
 from kiln.capture.sources import Attr, Source, TypeAttr
 from kiln.capture.unsupported import unsupported
-from kiln.capture.variables.base import VT, ConstantVT
+from kiln.capture.variables.base import VT, ConstantVT, DeletedVT
 from kiln.capture.variables.containers import TupleVT, is_namedtuple_class
 from kiln.capture.variables.functions import BoundMethodVT, UserFunctionVT
 
@@ -193,6 +193,45 @@ class _ObjectBase(VT):
             return [getitem.call(tx, [ConstantVT(i)], {}) for i in range(length)]
         return super().unpack(tx)
 
+    def check_deletable(self, name: str, default_delattr: Any = object.__delattr__) -> None:
+        """`del obj.name` is a plain removal from the instance `__dict__` unless the class says
+        otherwise (its own `__delattr__`, a property or slot of that name): those stop capture."""
+        if lookup_class_attr(self.cls, "__delattr__") is not default_delattr:
+            unsupported("delattr", f"`del` of attribute {name!r}: {self.cls.__qualname__} "
+                        "defines its own __delattr__, which capture does not run")
+        attr = lookup_class_attr(self.cls, name)
+        if hasattr(attr, "__set__") or hasattr(attr, "__delete__"):
+            unsupported("delattr", f"`del` of attribute {name!r}: it is a descriptor (property "
+                        f"or slot) of {self.cls.__qualname__}, which capture does not run")
+
+    def record_delete(self, tx: Translator, name: str, present: dict, *, module: bool) -> None:
+        """Record `del obj.name` in `pending` (replayed after the graph, like setattr). `present`
+        is the real instance dict: a name neither written by the trace nor in it is an
+        AttributeError, which eager raises."""
+        written = self.pending.get(name)
+        if isinstance(written, DeletedVT) or (written is None and name not in present):
+            unsupported("missing-attribute", f"{self.describe()} has no attribute {name!r} to "
+                        "delete", category="user-fixable")
+        if written is None:
+            tx.output.guards.in_dict(self.source, name, module=module)
+        if not self.pending:
+            tx.output.side_effects.append(("attrs", self))
+        self.pending[name] = DeletedVT()
+
+    def deleted_attr(self, tx: Translator, name: str, known_hooks: tuple = ()) -> VT:
+        """A read of an attribute the trace deleted: the class's, or an AttributeError.
+        `known_hooks`: `__getattr__`s known to have no answer for the name."""
+        found = self.class_attr(tx, name)
+        if found is not None:
+            return found
+        hooks = [lookup_class_attr(self.cls, n) for n in ("__getattribute__", "__getattr__")]
+        if any(isinstance(h, types.FunctionType) and h not in known_hooks for h in hooks):
+            unsupported("deleted-attribute", f"reading {name!r} of {self.describe()} after "
+                        "`del`: its class's __getattr__ would answer, which capture cannot run "
+                        "on the object's state after the deletion")
+        unsupported("missing-attribute", f"{self.describe()} has no attribute {name!r} (deleted)",
+                    category="user-fixable")
+
     def class_attr(self, tx: Translator, name: str) -> VT | None:
         from kiln.capture.variables.builder import wrap_derived
         attr = lookup_class_attr(self.cls, name)
@@ -251,7 +290,8 @@ class UserObjectVT(_ObjectBase):
     def getattr(self, tx: Translator, name: str) -> VT:
         from kiln.capture.variables.builder import wrap, wrap_derived
         if name in self.pending:
-            return self.pending[name]
+            written = self.pending[name]
+            return self.deleted_attr(tx, name) if isinstance(written, DeletedVT) else written
         if name == "__class__":
             return ClassVT(self.cls)
         attr = lookup_class_attr(self.cls, name)
@@ -259,8 +299,12 @@ class UserObjectVT(_ObjectBase):
         instance_dict = getattr(self.value, "__dict__", {})
         if not is_data_descriptor and name in instance_dict:
             value = instance_dict[name]
-            return wrap(tx, value, Attr(self.source, name)) if self.source else \
-                wrap_derived(tx, value)
+            if self.source is None:
+                return wrap_derived(tx, value)
+            # checked before the value's own guards, which would raise on an object without it
+            # (`hasattr`, `getattr` with a default and class patterns read optional attributes)
+            tx.output.guards.in_dict(self.source, name, module=False)
+            return wrap(tx, value, Attr(self.source, name))
         if self.source is not None and hasattr(self.value, "__dict__"):
             tx.output.guards.not_in_dict(self.source, name, module=False)
         if isinstance(attr, (types.GetSetDescriptorType, types.MemberDescriptorType)):
@@ -296,6 +340,12 @@ class UserObjectVT(_ObjectBase):
         if not self.pending:
             tx.output.side_effects.append(("attrs", self))
         self.pending[name] = value
+
+    def delattr(self, tx: Translator, name: str) -> None:
+        if self.source is None or not hasattr(self.value, "__dict__"):
+            unsupported("delattr", f"deleting {name!r} of {self.describe()}")
+        self.check_deletable(name)
+        self.record_delete(tx, name, self.value.__dict__, module=False)
 
 
 class OpaqueMethodVT(VT):
@@ -334,6 +384,13 @@ class NewObjectVT(_ObjectBase):
 
     def setattr(self, tx: Translator, name: str, value: VT) -> None:
         self.attrs[name] = value
+
+    def delattr(self, tx: Translator, name: str) -> None:
+        self.check_deletable(name)
+        if name not in self.attrs:
+            unsupported("missing-attribute", f"{self.describe()} has no attribute {name!r} to "
+                        "delete", category="user-fixable")
+        del self.attrs[name]
 
     def is_dataclass(self) -> bool:
         return dataclasses.is_dataclass(self.cls)

@@ -56,6 +56,13 @@ class PrivateObjectVT(VT):
     def setattr(self, tx: Translator, name: str, value: VT) -> None:
         setattr(self.value, name, _constant(value, f"setting {name!r} on {self.describe()}"))
 
+    def delattr(self, tx: Translator, name: str) -> None:
+        try:
+            delattr(self.value, name)
+        except Exception as err:  # noqa: BLE001 - eager raises it
+            unsupported("delattr", f"deleting {name!r} of {self.describe()} raised {err!r}",
+                        category="user-fixable")
+
     def describe(self) -> str:
         return f"a private copy of a {type(self.value).__name__}"
 
