@@ -24,6 +24,7 @@ import torch
 
 from kiln.capture import compile_hook
 from kiln.capture.bytecode import Instr, assemble, decode, decode_fresh, emit
+from kiln.capture.distributed import routes_through
 from kiln.capture.module_wrapper import CompiledModule
 from kiln.capture.rules import DISABLED, is_library_module
 from kiln.capture.unsupported import unsupported
@@ -202,7 +203,8 @@ class Router:
         if isinstance(value, torch.nn.Module):
             module = self.modules[id(value)] = CompiledModule(value, self.settings)
             return module
-        if isinstance(value, types.FunctionType) and not is_library_module(value.__module__ or ""):
+        if isinstance(value, types.FunctionType) and (
+                not is_library_module(value.__module__ or "") or routes_through(value)):
             return compile_hook.compile_function(value, self.settings)
         return value
 

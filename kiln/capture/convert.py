@@ -25,6 +25,7 @@ from kiln.capture.entry import build_break_entry_code, build_entry_code
 from kiln.capture.module_version import MODULE_VERSION
 from kiln.capture.output_graph import OutputGraph
 from kiln.capture.settings import CompileSettings
+from kiln.capture.distributed import eager_wrapper_reason
 from kiln.capture.skip import SkipDecisions
 from kiln.capture.sources import Closure, Local
 from kiln.capture.translator import StopAtBreak, Translator
@@ -175,6 +176,12 @@ class CompiledFunction:
         return True
 
     def _compile(self, f_locals: dict[str, Any]) -> Callable:
+        eager_reason = eager_wrapper_reason(self.fn)
+        if eager_reason is not None:
+            err = Unsupported("distributed-wrapper", eager_reason, hints=(
+                "the module it wraps is still compiled (docs/distributed.md)",))
+            err.frames.append(UserLocation.from_code(self.fn.__code__))
+            return self._give_up(err)
         try:
             with compiling_scope():
                 entry = capture_function(self.fn, f_locals, self.cache, self.settings)
@@ -279,8 +286,17 @@ def _capture_with_break(fn: types.FunctionType, f_locals: dict[str, Any], cache:
         return entry
 
 
+# Breaks that are a choice about torch.distributed, not a gap in a user's code: warned once per
+# site even with logs off, so a DDP/FSDP user sees which parts run eagerly (docs/distributed.md).
+_WARNED_BREAKS = ("distributed-wrapper", "distributed-module", "distributed-call")
+
+
 def report_break(record: UnsupportedRecord) -> None:
     records.emit("breaks", record)
+    if record.code in _WARNED_BREAKS:
+        where = record.location.short() if record.location is not None else "?"
+        warn_once(("distributed-break", record.code, where),
+                  f"kiln: {record.message} ({where}); this part runs eagerly")
     if artifact_enabled("graph_breaks"):
         artifact_logger("graph_breaks").info(record.render())
 

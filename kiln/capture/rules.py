@@ -19,7 +19,7 @@ import torch
 
 from kiln._util import is_hashable
 
-__all__ = ["classify", "why_unsupported", "is_library_module", "allow_in_graph", "disable",
+__all__ = ["classify", "why_unsupported", "is_library_module", "is_distributed_call", "allow_in_graph", "disable",
            "ALLOWED_IN_GRAPH", "DISABLED"]
 
 ALLOWED_IN_GRAPH: set[int] = set()
@@ -45,6 +45,12 @@ for _name in ("manual_seed", "manual_seed_all", "seed", "seed_all", "set_rng_sta
     if hasattr(torch.cuda, _name):
         _UNSUPPORTED_TORCH[getattr(torch.cuda, _name)] = "reads or sets the CUDA random state"
 _PURE_MODULES = (math, operator)
+# torch.distributed: collectives and process-group calls communicate (in place, or through a
+# Work handle), so as graph nodes on fake tensors they would be dropped. They break and run
+# natively. These few only read process-wide facts that never change while a process group
+# lives; they are called at compile time like other torch functions.
+_DISTRIBUTED_QUERIES = ("get_rank", "get_world_size", "is_initialized", "is_available",
+                        "get_backend", "is_gloo_available", "is_nccl_available")
 
 
 def is_library_module(name: str) -> bool:
@@ -80,7 +86,7 @@ def classify(value: Any) -> str:
     if isinstance(value, types.MethodType):
         return "method"
     module = getattr(value, "__module__", None) or ""
-    if _unsupported_torch(value) is not None:
+    if _unsupported_torch(value) is not None or is_distributed_call(value, module):
         return "unsupported"
     if isinstance(value, types.FunctionType):
         if module.startswith("torch") and not module.startswith(_INLINE_TORCH_PREFIXES):
@@ -114,10 +120,23 @@ def why_unsupported(value: Any) -> str:
         return f"{name} is wrapped by kiln.disable"
     if _unsupported_torch(value) is not None:
         return f"{module}.{name} {_unsupported_torch(value)}"
+    if is_distributed_call(value, module):
+        return (f"{module}.{name} communicates between processes (torch.distributed), which "
+                "kiln runs natively between graphs (torch.compile traces some collectives as "
+                "functional collectives; kiln does not yet)")
     if isinstance(value, types.FunctionType) and _is_stdlib(module):
         return f"{module}.{name} is standard-library code (I/O, logging, ...), which runs natively"
     return (f"{module}.{name} is not Python code capture can read and not a torch function "
             f"(a C extension or an unknown callable of type {type(value).__name__})")
+
+
+def is_distributed_call(value: Any, module: str | None = None) -> bool:
+    """A torch.distributed function other than the read-only queries (and not a class)."""
+    if module is None:
+        module = getattr(value, "__module__", None) or ""
+    if not module.startswith("torch.distributed") or isinstance(value, type):
+        return False
+    return getattr(value, "__name__", None) not in _DISTRIBUTED_QUERIES
 
 
 def _unsupported_torch(value: Any) -> str | None:

@@ -235,7 +235,10 @@ class OpaqueCallableVT(_KnownCallableVT):
     it stops capture at that call, where a graph break runs it natively."""
 
     def call(self, tx: Translator, args: list[VT], kwargs: dict[str, VT]) -> VT:
-        from kiln.capture.rules import why_unsupported
+        from kiln.capture.rules import is_distributed_call, why_unsupported
+        if is_distributed_call(self.fn):
+            unsupported("distributed-call", why_unsupported(self.fn),
+                        hint="kiln runs this call natively between graphs (docs/distributed.md)")
         unsupported("unsupported-callable", why_unsupported(self.fn),
                     hint="kiln runs this call natively between graphs; wrap it with "
                          "kiln.allow_in_graph if it only does torch ops")

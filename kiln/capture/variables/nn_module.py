@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from kiln.capture.distributed import managed_module_reason
 from kiln.capture.guards import Guard
 from kiln.capture.sources import Buffer, DictAttr, Param, Source, SubModule
 from kiln.capture.unsupported import unsupported
@@ -134,6 +135,11 @@ class ModuleVT(_ObjectBase):
         self.record_delete(tx, name, self.module.__dict__, module=True)
 
     def call(self, tx: Translator, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        managed = managed_module_reason(self.module)
+        if managed is not None:
+            unsupported("distributed-module", f"calling {managed}", hint="kiln calls it "
+                        "natively between graphs; its own forward is compiled as a frame of "
+                        "its own (docs/distributed.md)")
         forward = self.getattr(tx, "forward")
         if self.source is not None:
             for name in _HOOK_DICTS:  # a hook added later must not be missed
