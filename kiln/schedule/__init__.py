@@ -35,7 +35,7 @@ each timed, dumped under `KILN_DEBUG_DIR`, and switchable off by name with
 5. `fusion` (`fusion.py`): greedy, score-ordered fusion with legality checks and a reason for
    every not-fused neighbour pair (off: one kernel per computed buffer);
 6. `memory` (`memory.py`, required): last uses and storage reuse;
-`render.py` prints the result (`KILN_LOGS=fusion`, `schedule.txt`) and builds `fusion.json`;
+`schedule_text.py` prints the result (`KILN_LOGS=fusion`, `schedule.txt`) and builds `fusion.json`;
 `plan.py` holds the output types (`FusedGroup`, `FusionDecision`, `Schedule`, `group_index`).
 
 Graph rewrites (1-4) stay in IR form on a copy of the graph (the caller's is never changed),
@@ -54,7 +54,7 @@ from kiln.schedule.gemm_merge import merge_gemms
 from kiln.schedule.graph_edit import copy_graph
 from kiln.schedule.memory import plan_memory
 from kiln.schedule.plan import FusedGroup, FusionDecision, Schedule, group_index
-from kiln.schedule.render import fusion_json, render_schedule
+from kiln.schedule.schedule_text import fusion_json, render_schedule
 from kiln.schedule.split import split_reductions
 
 __all__ = [

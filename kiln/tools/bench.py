@@ -39,7 +39,7 @@ import torch
 from kiln import api
 from kiln.tools.compile_time import timed_first_call
 from kiln.tools.explain import explain
-from kiln.tools.suite.registry import SUITE, ModelSpec, infer, train_step
+from kiln.tools.suite.model_registry import SUITE, ModelSpec, infer, train_step
 
 __all__ = ["COLUMNS", "FLOORS", "MODES", "BenchConfig", "input_shapes", "max_error", "run_bench",
            "step_outputs", "unknown_models"]

@@ -21,7 +21,7 @@ import torch
 from kiln.tools.bench import (COLUMNS, MODES, BenchConfig, names, parse_models, run_bench,
                               unknown_models)
 from kiln.tools.compile_time import DEFINITION
-from kiln.tools.suite.registry import SUITE
+from kiln.tools.suite.model_registry import SUITE
 from kiln.version import __version__
 
 __all__ = [

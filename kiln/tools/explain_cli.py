@@ -57,7 +57,7 @@ def _load_attr(target: str) -> Any:
 
 
 def _suite_target(name: str, train: bool, size: str = "small") -> tuple[Any, tuple]:
-    from kiln.tools.suite.registry import get
+    from kiln.tools.suite.model_registry import get
     try:
         spec = get(name)
     except KeyError as exc:

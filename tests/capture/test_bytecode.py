@@ -14,7 +14,7 @@ import pytest
 
 from kiln.capture.bytecode import (ExnEntry, Instr, assemble, decode, decode_fresh, emit,
                                    format_instrs)
-from kiln.capture.bytecode.ir import UnsupportedBytecode
+from kiln.capture.bytecode.instructions import UnsupportedBytecode
 from test_bytecode_roundtrip import CORPUS_FUNCS, _CM, _all_codes, _exn_table
 
 if sys.version_info[:2] >= (3, 13):

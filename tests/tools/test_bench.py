@@ -14,7 +14,7 @@ import torch
 from kiln.tools import bench, bench_report
 from kiln.tools.bench import COLUMNS, BenchConfig, max_error, run_bench
 from kiln.tools.bench_report import format_table, summary_line, write_results
-from kiln.tools.suite.registry import SUITE
+from kiln.tools.suite.model_registry import SUITE
 
 MODELS = ("mlp", "gpt2")
 

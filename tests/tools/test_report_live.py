@@ -155,7 +155,7 @@ def test_ceilings_are_measured_once_per_device(tmp_path):
 def test_cuda_kernel_times_cover_every_step(tmp_path):
     """On the GPU, every kernels.json step gets a profiler time (Triton kernels by name, extern
     calls by launch order or range), and GB/s and % of ceilings follow from them."""
-    from kiln.tools.suite.registry import get
+    from kiln.tools.suite.model_registry import get
     model, batch = get("seed_block").build("small", "cuda")
     model.eval()
     with torch.no_grad():

@@ -27,7 +27,7 @@ from kiln.capture.bytecode import emit
 from kiln.capture.bytecode.assemble import assemble
 from kiln.capture.bytecode.decode import clear_decode_cache, decode, decode_fresh
 from kiln.capture.bytecode.identity import identity_code, identity_transform
-from kiln.capture.bytecode.ir import (BytecodeError, ExnEntry, Instr, UnsupportedBytecode,
+from kiln.capture.bytecode.instructions import (BytecodeError, ExnEntry, Instr, UnsupportedBytecode,
                                       format_instrs, renumber)
 
 __all__ = [

@@ -26,7 +26,7 @@ import bytecode as _bc
 
 from kiln.capture.bytecode import _compat
 from kiln.capture.bytecode.decode import JUMP_OPNAMES
-from kiln.capture.bytecode.ir import BytecodeError, ExnEntry, Instr, UnsupportedBytecode
+from kiln.capture.bytecode.instructions import BytecodeError, ExnEntry, Instr, UnsupportedBytecode
 
 __all__ = ["assemble"]
 

@@ -61,7 +61,7 @@ import types
 import weakref
 
 from kiln.capture.bytecode import _compat
-from kiln.capture.bytecode.ir import ExnEntry, Instr, UnsupportedBytecode, renumber
+from kiln.capture.bytecode.instructions import ExnEntry, Instr, UnsupportedBytecode, renumber
 
 __all__ = ["clear_decode_cache", "decode", "decode_fresh"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from kiln.capture.bytecode import _compat
-from kiln.capture.bytecode.ir import BytecodeError, Instr
+from kiln.capture.bytecode.instructions import BytecodeError, Instr
 
 __all__ = [
     "at", "binary_op", "binary_subscr", "build_list", "build_map", "build_slice", "build_tuple",

@@ -99,7 +99,7 @@ def report_for_target(target: str, *, backend: str, mode: str | None, device: st
 
 def _training_step(target: str, size: str, device: str) -> Callable[[Any], Any]:
     """output -> the suite's loss on a fresh batch's target, then backward."""
-    from kiln.tools.suite.registry import get
+    from kiln.tools.suite.model_registry import get
     spec = get(target[len("suite:"):])
     target_tensor = spec.make_batch(size).to(device, torch.float32).target
     return lambda output: spec.loss(output, target_tensor).backward()

@@ -1,7 +1,7 @@
 """spec: `ModelSpec`, what the suite knows about one model, and the `SIZES` it is built at.
 
-Below both the registry of built-in models (`registry.py`) and the transformers adapter
-(`hf.py`), which build specs; `kiln.tools.suite.registry` re-exports both names.
+Below both the registry of built-in models (`model_registry.py`) and the transformers adapter
+(`hf.py`), which build specs; `kiln.tools.suite.model_registry` re-exports both names.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The canonical instruction IR of the bytecode layer.
+"""instructions: the canonical instruction IR of the bytecode layer.
 
 A function body is a plain `list[Instr]` in execution-layout order. Control flow is by object
 reference (`Instr.target`, `ExnEntry.target`), never by byte offset, so passes can insert, delete

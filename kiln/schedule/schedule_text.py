@@ -1,4 +1,4 @@
-"""render: the schedule as readable text (`KILN_LOGS=fusion`, the debug dir's `schedule.txt`)
+"""schedule_text: the schedule as readable text (`KILN_LOGS=fusion`, the debug dir's `schedule.txt`)
 and as the `fusion.json` record the report reads."""
 from __future__ import annotations
 
