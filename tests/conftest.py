@@ -92,3 +92,13 @@ def generated_kernels(tmp_path, monkeypatch):
     monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))
     config.cpu_codegen = "triton_interpret"
     config.suppress_errors = False
+
+
+@pytest.fixture
+def recorder():
+    """A `kiln.records.Recorder` active for the test: what the stages emitted (graphs, passes)."""
+    from kiln import records
+    found = records.Recorder()
+    records.active_recorders().append(found)
+    yield found
+    records.active_recorders().remove(found)

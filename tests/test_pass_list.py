@@ -9,7 +9,7 @@ import os
 import pytest
 
 import kiln.schedule  # noqa: F401  (declares the schedule passes the error messages list)
-from kiln import passes, records
+from kiln import passes
 from kiln.config import config
 from kiln.errors import KilnConfigError
 
@@ -28,14 +28,6 @@ def toy(monkeypatch):
         passes.Pass("toy_c", step("toy_c"), "third"),
         passes.Pass("toy_d", step("toy_d"), "needed", required=True),
     ], lambda state: "\n".join(f"# {name}" for name in state) + "\n")
-
-
-@pytest.fixture
-def recorder():
-    recorder = records.Recorder()
-    records.active_recorders().append(recorder)
-    yield recorder
-    records.active_recorders().remove(recorder)
 
 
 def test_passes_run_in_order_each_timed_and_recorded(toy, recorder):

@@ -204,6 +204,7 @@ def build_dispatcher(cache: CodeCache, fn: types.FunctionType, slow: Callable[..
         "__settled": skips.settled, "__live": skips.live, "__Module": torch.nn.Module,
         "__id": id, "__isinstance": isinstance, "__graph_runs": GRAPH_RUNS, "__point": point,
     }
+    fast = [_fast_check(i, entry) for i, entry in enumerate(cache.entries)]
     for i, entry in enumerate(cache.entries):
         namespace[f"__ev{i}"] = entry.version
         for name, value in entry.namespace.items():
@@ -213,11 +214,11 @@ def build_dispatcher(cache: CodeCache, fn: types.FunctionType, slow: Callable[..
             lines.append("    __graph_runs[0] += 1")
         lines.extend(f"    {line.replace('__graph(', f'__graph_{i}(')}" for line in entry.body)
         lines.append(f"def __check{i}({params}):")
-        lines.append(f"    return {_fast_check(i, entry)}")
+        lines.append(f"    return {fast[i]}")
         lines.extend(_rebind_source(i, entry, params))
-    for i, entry in enumerate(cache.entries):
+    for i in range(len(cache.entries)):
         lines.append(f"def __variant{i}({signature}):")
-        lines.append(f"    if {_fast_check(i, entry)}:")
+        lines.append(f"    if {fast[i]}:")
         lines.append(f"        return __entry{i}({params})")
         # the other entries next, without the lock: layers of one class whose inputs differ
         # (the first layer's input needs no grad, the others' do) alternate between two entries

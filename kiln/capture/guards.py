@@ -99,10 +99,6 @@ class InstanceSlot:
         self.refs: dict[int, weakref.ref] = {}
         self.set(obj, keep=False)
 
-    def get(self) -> Any:
-        """The most recently verified instance (None when it died)."""
-        return next(reversed(self.refs.values()))() if self.refs else None
-
     def holds(self, obj: Any) -> bool:
         return self.refs.get(id(obj), _dead)() is obj
 
@@ -111,7 +107,6 @@ class InstanceSlot:
         if not keep or len(self.refs) >= _MAX_INSTANCES:
             self.refs = {}
         watch(obj)
-        self.refs.pop(id(obj), None)  # most recent last
         self.refs[id(obj)] = weakref.ref(obj)
 
 

@@ -1,23 +1,10 @@
 """ir: the loop IR that the lower stage builds and the schedule/codegen stages consume.
 
-An `IRGraph` is a list of *nodes* in execution order, each of which writes named buffers
-(the node and buffer classes live in `nodes.py` and are re-exported here, so the IR is read
-from one module):
-
-- `ComputedBuffer`: a buffer computed by a generated loop nest, whose `data` is either a
-  `Pointwise` (one element per point of `ranges`) or a `Reduction` (one element per point of
-  `ranges`, reducing over `reduction_ranges`). Its computation is a Python closure (`inner_fn`)
-  that emits ops on the current ops handler (`kiln.lower.ops`): evaluating, printing and
-  dependency collection are all "run the closure under another handler".
-- `Extern`: a call to a library kernel the backend chooses on purpose (matmul, attention,
-  convolution), reading strided views of buffers (`TensorArg`) and writing output buffers.
-- `Fallback`: any other ATen op, run as an opaque call (the census in tests pins which occur).
-
-Buffers (`InputBuffer`, `ConstantBuffer`, `ComputedBuffer`, `ExternOutput`) each have a `Layout`
-(dtype, device, size, stride, storage offset); `ops.load(name, index)` reads the buffer's storage
-at a flat offset, so a view is never a node: it is an index map folded into the reader's index.
-Every node and buffer records its provenance as `Origin`s (FX node name, ATen op, user line).
-`str(graph)` is runnable Python (see `printer.py`); `evaluate.run_ir` runs a graph on the CPU.
+An `IRGraph` is a list of nodes in execution order (`ComputedBuffer`, `Extern`, `Fallback`),
+each writing named buffers with a `Layout`; what each node and buffer is, and how a view becomes
+an index map instead of a node, is `nodes.py`'s docstring. The node and buffer classes are
+re-exported here, so the IR is read from one module. `str(graph)` is runnable Python (see
+`printer.py`); `evaluate.run_ir` runs a graph on the CPU.
 """
 from __future__ import annotations
 

@@ -12,7 +12,6 @@ import torch
 import torch.nn.functional as F
 
 import kiln
-from kiln import records
 from kiln.backends.kiln_backend import kiln_backend
 from kiln.config import config
 from kiln.errors import KilnConfigError
@@ -23,19 +22,7 @@ OPTIMIZATIONS = ("attention_rewrite,pad_matmuls,channels_last,gemm_merge,attenti
                  "fusion,joint_attention")
 
 
-@pytest.fixture(autouse=True)
-def generated_kernels(tmp_path, monkeypatch):
-    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))
-    config.cpu_codegen = "triton_interpret"
-    config.suppress_errors = False  # a backend failure must fail the test, not run eagerly
-
-
-@pytest.fixture
-def recorder():
-    recorder = records.Recorder()
-    records.active_recorders().append(recorder)
-    yield recorder
-    records.active_recorders().remove(recorder)
+pytestmark = pytest.mark.usefixtures("generated_kernels")
 
 
 def mlp(x, w, b):

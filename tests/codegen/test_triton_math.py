@@ -26,20 +26,16 @@ from tests.lower.op_cases import dtypes_for, eager, one_op_graph, operands  # no
 ROWS = list(MATH_OPS.values())
 HALF_AND_DOUBLE = (torch.float16, torch.bfloat16, torch.float64)
 # Found by this file and fixed: tl.floor / tl.ceil take floats only (torch.floor of an integer
-# tensor failed to compile; eager returns it unchanged). None broken now; the set stays so a
-# newly found broken case can be recorded as a strict xfail while it is fixed.
-KNOWN_BROKEN_KERNELS: set = set()
+# tensor failed to compile; eager returns it unchanged).
 
 
-def _cases(extra=(), broken=frozenset()):
+def _cases(extra=()):
     for op in ROWS:
         dtypes = dtypes_for(op)
         if torch.float32 in dtypes:
             dtypes += tuple(extra)
         for dtype in dtypes:
-            marks = [pytest.mark.xfail(strict=True, reason="tl.floor/tl.ceil of an integer")] \
-                if (op.name, dtype) in broken else []
-            yield pytest.param(op, dtype, id=f"{op.name}-{str(dtype)[6:]}", marks=marks)
+            yield pytest.param(op, dtype, id=f"{op.name}-{str(dtype)[6:]}")
 
 
 def _print(op: MathOp, dtype: torch.dtype | None) -> tuple[list[str], TV]:
@@ -83,7 +79,7 @@ def test_unknown_op_names_the_table():
         TritonPrinter().math("cbrt", TV("v0", torch.float32))
 
 
-@pytest.mark.parametrize("op,dtype", list(_cases(broken=KNOWN_BROKEN_KERNELS)))
+@pytest.mark.parametrize("op,dtype", list(_cases()))
 def test_kernel_matches_eager(op: MathOp, dtype: torch.dtype, device: torch.device) -> None:
     gen = torch.Generator().manual_seed(zlib.crc32(f"{op.name}{dtype}".encode()))
     inputs = operands(op, dtype, gen, n=16, device=device)

@@ -29,11 +29,7 @@ from kiln.runtime import CompiledArtifact  # noqa: E402
 from kiln.tools.seed_model import TransformerBlock  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def generated_kernels_on_cpu(tmp_path, monkeypatch):
-    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))
-    config.cpu_codegen = "triton_interpret"
-    config.suppress_errors = False  # a backend failure must fail the test, not run eagerly
+pytestmark = pytest.mark.usefixtures("generated_kernels")
 
 
 @pytest.fixture

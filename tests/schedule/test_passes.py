@@ -11,7 +11,6 @@ import torch
 from schedule_graphs import assert_runs_like_eager, assert_valid_order, lower_fn, real_inputs, \
     seed_block_graphs
 
-from kiln import records
 from kiln.config import config
 from kiln.errors import KilnConfigError
 from kiln.lower import lower_graph
@@ -25,14 +24,6 @@ ORDER = ("gemm_merge", "attention_layout", "elide", "split", "fusion", "memory")
 def inference():
     (gm, example), = seed_block_graphs(training=False)
     return gm, example, lower_graph(gm, example)
-
-
-@pytest.fixture
-def recorder():
-    recorder = records.Recorder()
-    records.active_recorders().append(recorder)
-    yield recorder
-    records.active_recorders().remove(recorder)
 
 
 def _statuses(recorder) -> dict[str, str]:
