@@ -5,8 +5,9 @@ Per architecture of `kiln.tools.suite.hf.ARCHS`:
 - kiln's graphs and breaks are no more than TorchDynamo's (`DYNAMO`, recorded with
   `torch._dynamo.explain` on these configs by `benchmarks/hf_capture.py`; set KILN_HF_DYNAMO=1 to
   measure Dynamo live instead);
-- for the archs marked `train`, training with the "aot_eager" backend gives eager's loss and
-  every parameter gradient.
+- for the archs marked `train`, training with the "aot_eager" and "kiln" backends gives eager's
+  loss and every parameter gradient (kiln: its autograd stage and partitioner, and on the GPU
+  its generated kernels; on the CPU the partitioned graphs run as torch ops).
 The table is printed at the end (`pytest -s`). Skipped when transformers is not installed.
 """
 from __future__ import annotations
@@ -91,15 +92,16 @@ def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
 
 
+@pytest.mark.parametrize("backend", ["aot_eager", "kiln"])
 @pytest.mark.parametrize("name", TRAIN)
-def test_training_grads_equal_with_aot_eager(name, device):
+def test_training_grads_equal_eager(name, backend, device):
     arch = hf.get(name)
     model = hf.build(arch, no_dropout=True).train().to(device)
     twin = copy.deepcopy(model)
     inputs = hf.make_inputs(arch, gen=_gen(name, 7), device=device)
     want_loss = hf.loss(model(**inputs))
     want_loss.backward()
-    out, graphs, _, reasons = _capture(twin, inputs, backend="aot_eager")
+    out, graphs, _, reasons = _capture(twin, inputs, backend=backend)
     got_loss = hf.loss(out)
     got_loss.backward()
     assert graphs >= 1, [r.message for r in reasons]
@@ -108,7 +110,8 @@ def test_training_grads_equal_with_aot_eager(name, device):
     assert set(got) == set(want) and want
     for key in want:
         torch.testing.assert_close(got[key], want[key], rtol=1e-4, atol=1e-5, msg=key)
-    _TABLE.setdefault(name, {})["train"] = "grads equal"
+    row = _TABLE.setdefault(name, {})
+    row["train"] = "+".join(sorted({*row.get("train", "").split("+"), backend} - {""}))
 
 
 def test_print_table():
