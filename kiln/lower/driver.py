@@ -87,7 +87,8 @@ def build_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None =
     _bind_inputs(gm, example_inputs, builder, interp)
     outputs = interp.run_nodes(list(gm.graph.nodes))
     values = _compat.tree_leaves(outputs, is_leaf=_is_leaf)
-    builder.graph.outputs = _outputs(builder, values, metas)
+    covers = _covering_values(gm, interp.env, metas)
+    builder.graph.outputs = _outputs(builder, values, metas, covers)
     _drop_unread_empties(builder.graph)
     log.debug("lowered %d FX nodes into %r in %.3f s", len(gm.graph.nodes), builder.graph,
               time.perf_counter() - start)
@@ -180,22 +181,54 @@ def _origin(node: torch.fx.Node) -> Origin:
     return Origin(node.name, node.op, node.meta.get("user_location"))
 
 
-def _outputs(builder: GraphBuilder, values: list, metas: list) -> list:
+def _outputs(builder: GraphBuilder, values: list, metas: list, covers: dict) -> list:
     """Each output as a strided view of a buffer. Outputs that share a storage in eager (a view
     and its base) become views of one buffer, so an in-place op on one shows through the other:
-    the base is realized first and the others are placed in it by their eager geometry."""
+    the base is realized first and the others are placed in it by their eager geometry. When no
+    output of a group is dense (two strided slices of one intermediate), the intermediate they
+    are views of is realized at eager's geometry and every output placed in it."""
     out: list[Any] = [None] * len(values)
     for group in _alias_groups(metas):
         base = max(group, key=lambda i: (_is_dense(metas[i]), metas[i].numel()))
-        out[base] = _output(builder, values[base], metas[base])
+        cover = covers.get(_compat.storage_key(metas[base]))
+        if not _is_dense(metas[base]) and cover is not None:
+            base_arg = _output(builder, *cover)  # realized with eager's strides
+            base_meta = cover[1]
+        else:
+            out[base] = base_arg = _output(builder, values[base], metas[base])
+            base_meta = metas[base]
         for i in group:
-            if i != base:
-                out[i] = _alias_of(out[base], metas[base], metas[i]) or \
+            if out[i] is None:
+                out[i] = _alias_of(base_arg, base_meta, metas[i]) or \
                     _output(builder, values[i], metas[i])
     for i, (value, meta) in enumerate(zip(values, metas)):
         if out[i] is None:
             out[i] = _output(builder, value, meta)
     return out
+
+
+def _covering_values(gm: torch.fx.GraphModule, env: dict, metas: list) -> dict:
+    """For each storage that two or more outputs share: a lowered intermediate whose eager
+    tensor starts the storage and fills it densely, as (value, its meta). Outputs placed in it
+    keep eager's aliasing even when none of them is dense."""
+    wanted = {_compat.storage_key(metas[g[0]]) for g in _alias_groups(metas)}
+    covers: dict[Any, tuple] = {}
+    if not wanted:
+        return covers
+    for node in gm.graph.nodes:
+        meta = node.meta.get("val")
+        if node.op != "call_function" or not isinstance(meta, torch.Tensor) \
+                or not isinstance(env.get(node), TensorValue):
+            continue
+        key = _compat.storage_key(meta)
+        if key in wanted and meta.storage_offset() == 0 and _is_dense(meta) \
+                and meta.numel() == _storage_numel(meta):
+            covers.setdefault(key, (env[node], meta))
+    return covers
+
+
+def _storage_numel(meta: torch.Tensor) -> int:
+    return meta.untyped_storage().nbytes() // meta.element_size()
 
 
 def _alias_groups(metas: list) -> list[list[int]]:

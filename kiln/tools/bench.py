@@ -39,7 +39,7 @@ import torch
 from kiln import api
 from kiln.tools.compile_time import timed_first_call
 from kiln.tools.explain import explain
-from kiln.tools.suite.model_registry import SUITE, ModelSpec, infer, train_step
+from kiln.tools.suite.model_registry import SUITE, ModelSpec, get, infer, train_step
 
 __all__ = ["COLUMNS", "FLOORS", "MODES", "BenchConfig", "input_shapes", "max_error", "run_bench",
            "step_outputs", "unknown_models"]
@@ -294,11 +294,12 @@ def _error_row(model: str, variant: str, exc: BaseException) -> dict:
             "verdict": f"error: {type(exc).__name__}: {message}"}
 
 
-def _bench_model(name: str, config: BenchConfig, specs: dict[str, ModelSpec]) -> list[dict]:
+def _bench_model(name: str, config: BenchConfig,
+                 specs: dict[str, ModelSpec] | None) -> list[dict]:
     try:
-        if name not in specs:
+        if specs is not None and name not in specs:
             raise KeyError(f"no model {name!r}; the suite has {sorted(specs)}")
-        ref = _reference(specs[name], config)
+        ref = _reference(get(name) if specs is None else specs[name], config)
     except Exception as exc:  # noqa: BLE001  (a broken model is reported, never fatal)
         return [_error_row(name, v, exc) for v in config.variants]
     rows, steps = [], {}
@@ -336,8 +337,8 @@ def _finish_rows(rows: list[dict], times: dict[str, float], dtype: torch.dtype) 
 def run_bench(config: BenchConfig, specs: dict[str, ModelSpec] | None = None,
               progress: TextIO | None = sys.stderr) -> list[dict]:
     """Every model in `config.models` under every variant; one dict per (model, variant) with
-    the keys of `COLUMNS` (missing measurements are None). `specs` defaults to the suite."""
-    specs = SUITE if specs is None else specs
+    the keys of `COLUMNS` (missing measurements are None). `specs` defaults to the suite and
+    its families (`model_registry.get`)."""
     rows: list[dict] = []
     for i, name in enumerate(config.models):
         start = time.perf_counter()
@@ -355,9 +356,17 @@ def run_bench(config: BenchConfig, specs: dict[str, ModelSpec] | None = None,
 
 
 def unknown_models(models: Iterable[str], specs: dict[str, ModelSpec] | None = None) -> list[str]:
-    """The names in `models` that the suite (or `specs`) does not have."""
-    specs = SUITE if specs is None else specs
-    return [m for m in models if m not in specs]
+    """The names in `models` that the suite (or `specs`) does not have. The suite's families
+    (`hf:<arch>`, `timm:<name>`) are looked up by `model_registry.get`."""
+    if specs is not None:
+        return [m for m in models if m not in specs]
+    unknown = []
+    for m in models:
+        try:
+            get(m)
+        except KeyError:
+            unknown.append(m)
+    return unknown
 
 
 def parse_models(text: str | None) -> tuple[str, ...]:

@@ -274,10 +274,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def bench_command(args: argparse.Namespace, echo: Callable[[str], None] = print) -> int:
     from kiln.config import config as kiln_config
-    unknown = unknown_models(parse_models(args.models))
+    try:
+        unknown = unknown_models(parse_models(args.models))
+    except RuntimeError as err:  # a model family whose package cannot be imported
+        print(f"kiln bench: {err}", file=sys.stderr)
+        return 2
     if unknown:
         print(f"kiln bench: unknown model(s) {', '.join(unknown)}; choose from "
-              f"{', '.join(SUITE)}", file=sys.stderr)
+              f"{', '.join(SUITE)}, hf:<arch> (kiln.tools.suite.hf.ARCHS) or timm:<name>",
+              file=sys.stderr)
         return 2
     device = "cuda" if torch.cuda.is_available() and not args.cpu else "cpu"
     config = BenchConfig(models=parse_models(args.models),

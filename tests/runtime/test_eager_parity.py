@@ -95,6 +95,25 @@ def test_outputs_aliasing_each_other_share_storage(device, order):
     torch.testing.assert_close(ours[0], theirs[0])
 
 
+def test_outputs_that_are_strided_slices_of_one_intermediate_share_its_storage(device):
+    # Neither output is dense (fuzz seed 70133): both are placed in the intermediate they view,
+    # laid out as eager lays it out, so strides, offsets and shared elements all match.
+    def fn(x):
+        t = x * x
+        v = t[:, :, 1:]
+        return v.unsqueeze(0), v, t[:, :, ::2]
+
+    x = torch.randn(3, 2, 2, device=device).transpose(-1, -2)
+    ours, theirs = _compiled(fn)(x), fn(x)
+    torch.testing.assert_close(ours, theirs)
+    for a, b in zip(ours, theirs):
+        assert (a.stride(), a.storage_offset()) == (b.stride(), b.storage_offset())
+    assert ours[0].untyped_storage().data_ptr() == ours[2].untyped_storage().data_ptr()
+    ours[1].add_(5)  # seen through the other views, as in eager
+    theirs[1].add_(5)
+    torch.testing.assert_close(ours, theirs)
+
+
 # -- out-of-range indices raise instead of reading other memory ---------------------------------
 # On CUDA an out-of-range gather is a device-side assert, in eager (ATen's kernels) as in kiln
 # (`tl.device_assert`): it poisons the process, so there each case runs in a child process.

@@ -47,3 +47,16 @@ def test_timm_inference_equal_and_no_more_breaks_than_dynamo(name):
     assert out.graph_count >= 1, why
     assert out.graph_break_count <= dynamo.graph_break_count, why
     assert out.graph_count <= dynamo.graph_count, why
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["infer", "train"])
+def test_timm_family_runs_in_the_bench_with_the_kiln_backend(train):
+    """`python -m kiln bench --models timm:resnet18` in-process: the model built by the suite's
+    timm family, kiln's generated kernels checked against eager and fp64 by the bench."""
+    from kiln.tools.bench import BenchConfig, run_bench
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    config = BenchConfig(models=("timm:resnet18",), backend="kiln", train=train, size="small",
+                         repeat=2, device=device)
+    rows = run_bench(config, progress=None)
+    assert [(r["variant"], r["verdict"]) for r in rows] == [("eager", "pass"), ("kiln", "pass")], rows
+    assert rows[1]["graphs"] == 1 and rows[1]["breaks"] == 0

@@ -227,3 +227,17 @@ def test_cpu_note_says_what_kiln_ran(monkeypatch):
         note = bench_report.execution_note("cpu", "kiln")
     assert note.startswith("on CPU kiln runs its generated Triton kernels in Triton's interpreter")
     assert bench_report.execution_note("cuda", "kiln") == "kiln runs its generated Triton kernels"
+
+
+def test_model_families_are_found_by_name_and_unknown_ones_listed():
+    pytest.importorskip("transformers")
+    assert bench.unknown_models(["mlp", "hf:gpt2", "hf:no_such_arch", "no_such_model"]) == [
+        "hf:no_such_arch", "no_such_model"]
+
+
+def test_a_transformers_family_model_runs_in_the_bench():
+    pytest.importorskip("transformers")
+    rows = run_bench(_config(models=("hf:gpt2",), repeat=1), progress=None)
+    assert [(r["model"], r["variant"], r["verdict"]) for r in rows] == [
+        ("hf:gpt2", "eager", "pass"), ("hf:gpt2", "kiln", "pass")]
+    assert rows[1]["graphs"] >= 1

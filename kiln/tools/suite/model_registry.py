@@ -53,6 +53,9 @@ def get(name: str) -> ModelSpec:
     if name.startswith("hf:"):  # transformers models (need the `transformers` package)
         from kiln.tools.suite import hf
         return hf.spec(name)
+    if name.startswith("timm:"):  # timm models (need `timm`, which imports torchvision)
+        from kiln.tools.suite import timm_zoo
+        return timm_zoo.spec(name)
     try:
         return SUITE[name]
     except KeyError:
