@@ -71,6 +71,24 @@ else:
     def _to_bf16(x):
         return x.to(tl.bfloat16)
 
+
+@triton.jit
+def _pow_int(a, b, BITS: tl.constexpr, SIGNED: tl.constexpr):
+    # torch's integer pow (ATen's powi): squaring over the exponent's bits, wrapping like
+    # torch; a negative exponent gives 0, except for the bases 1 and -1
+    result = a * 0 + 1
+    base = a
+    e = b
+    for _ in tl.static_range(BITS):
+        result = tl.where((e & 1) != 0, result * base, result)
+        e = e >> 1
+        base = base * base
+    if SIGNED:
+        odd = (b & 1) != 0
+        negative = tl.where(a == 1, 1, tl.where(a == -1, tl.where(odd, -1, 1), 0))
+        result = tl.where(b < 0, negative.to(result.dtype), result)
+    return result
+
 ''' + PRELUDE_HELPERS + FAST_MATH_HELPERS
 
 _PREFIX = {"pointwise": "kiln_poi", "pointwise_2d": "kiln_tile", "persistent_reduction": "kiln_per",

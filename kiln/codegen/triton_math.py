@@ -134,13 +134,15 @@ def _pow(p, dtype: torch.dtype, a: TV, b: TV) -> TV:
     """x ** c for a small constant c as multiplies (what torch's kernels do too);
     libdevice.pow is dozens of instructions per element and made RMSNorm ALU-bound."""
     c = p._constants.get(b.name)
-    if c is not None and dtype.is_floating_point:
+    if c is not None and (dtype.is_floating_point or c in (1, 2, 3)):
         if c == 2:
             return p._emit(f"{a} * {a}", dtype)
         if c == 3:
             return p._emit(f"{a} * {a} * {a}", dtype)
         if c == 1:
             return a
+    if not dtype.is_floating_point and dtype != torch.bool:  # libdevice.pow is float-only
+        return p._emit(f"_pow_int({a}, {b}, {torch.iinfo(dtype).bits}, {dtype.is_signed})", dtype)
     return p._emit(f"libdevice.pow({a}, {b})", dtype)
 
 

@@ -89,3 +89,22 @@ def test_kernel_matches_eager(op: MathOp, dtype: torch.dtype, device: torch.devi
     assert got.dtype == want.dtype
     torch.testing.assert_close(got, want, equal_nan=True)
     torch.testing.assert_close(got, run_ir(graph, inputs)[0], equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int8, torch.uint8])
+def test_integer_pow_of_tensors_wraps_and_handles_negative_exponents_like_torch(
+        dtype, device, generated_kernels):
+    # libdevice.pow is float-only (int64 pow failed to compile on CUDA): integer pow is squaring
+    # over the exponent's bits, with torch's rule for negative exponents (0 unless base is +-1)
+    import kiln
+
+    gen = torch.Generator().manual_seed(7)
+    low = 0 if dtype == torch.uint8 else -3
+    base = torch.randint(low, 9, (64,), generator=gen, dtype=dtype)
+    base[:4] = torch.tensor([1, 0, 2, 3], dtype=dtype)
+    if dtype != torch.uint8:
+        base[4:6] = -1
+    exp = torch.randint(low, 70, (64,), generator=gen, dtype=dtype)
+    base, exp = base.to(device), exp.to(device)
+    got = kiln.compile(lambda a, b: torch.pow(a, b) + 1, backend="kiln")(base, exp)
+    torch.testing.assert_close(got, torch.pow(base, exp) + 1)

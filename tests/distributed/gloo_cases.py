@@ -111,10 +111,14 @@ def _ddp_case(name: str, wrap: str, backend: str, rank: int) -> tuple[nn.Module,
 
 
 def _shard(model: Stack) -> Stack:
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
+    # A CPU mesh said outright: fully_shard's default mesh takes the accelerator where there is
+    # one, and on a one-GPU machine rank 1 then picks cuda:1, which does not exist (SIGSEGV).
+    mesh = init_device_mesh("cpu", (torch.distributed.get_world_size(),))
     for layer in model.layers:
-        fully_shard(layer)
-    fully_shard(model)
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
     return model
 
 

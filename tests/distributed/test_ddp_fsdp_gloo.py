@@ -50,7 +50,8 @@ def _spawn(out_dir: Path) -> None:
 
     import gloo_cases
     saved = dict(os.environ)
-    os.environ.update(child_env(KILN_TEST_DEVICE="cpu"))  # children import kiln from here
+    # children import kiln from here, and see no GPU: these are CPU (gloo) runs
+    os.environ.update(child_env(KILN_TEST_DEVICE="cpu", CUDA_VISIBLE_DEVICES=""))
     try:
         ctx = mp.start_processes(gloo_cases.run_rank, nprocs=WORLD, join=False,
                                  start_method="spawn",
