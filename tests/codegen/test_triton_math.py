@@ -100,11 +100,12 @@ def test_integer_pow_of_tensors_wraps_and_handles_negative_exponents_like_torch(
 
     gen = torch.Generator().manual_seed(7)
     low = 0 if dtype == torch.uint8 else -3
-    base = torch.randint(low, 9, (64,), generator=gen, dtype=dtype)
+    base = torch.randint(low, 9, (64,), generator=gen, dtype=dtype, device="cpu")
     base[:4] = torch.tensor([1, 0, 2, 3], dtype=dtype)
     if dtype != torch.uint8:
         base[4:6] = -1
-    exp = torch.randint(low, 70, (64,), generator=gen, dtype=dtype)
+    # drawn on the CPU (the CUDA suite's default device is cuda, the generator a CPU one)
+    exp = torch.randint(low, 70, (64,), generator=gen, dtype=dtype, device="cpu")
     base, exp = base.to(device), exp.to(device)
     got = kiln.compile(lambda a, b: torch.pow(a, b) + 1, backend="kiln")(base, exp)
     torch.testing.assert_close(got, torch.pow(base, exp) + 1)

@@ -271,9 +271,36 @@ def _check_reproducer(path: str) -> None:
         source = handle.read()
     backend = next(b for b in ("aot_eager", "eager", "kiln") if f"-{b}-" in path)
     device = _generated_kernels_device() if backend == "kiln" else "cpu"
+    if device == "cuda":
+        # A reproducer sets TRITON_INTERPRET=1 (setdefault) for its own CPU runs; "0" here keeps
+        # this process's Triton on the GPU.
+        os.environ.setdefault("TRITON_INTERPRET", "0")
+        if os.path.basename(path).startswith("raises_"):
+            return _check_in_child(path, backend)
     with config.patch(cpu_codegen="triton_interpret" if backend == "kiln" else "eager"):
         verdict = check_source(source, backend, device)
     assert verdict.ok, f"{verdict.failure}: {verdict.detail}"
+
+
+_CHILD = """
+import sys
+from kiln.tools.fuzz.oracle import check_source
+verdict = check_source(open(sys.argv[1]).read(), sys.argv[2], "cuda")
+print(verdict)
+sys.exit(0 if verdict.ok else 1)
+"""
+
+
+def _check_in_child(path: str, backend: str) -> None:
+    """On the GPU, a program whose eager run raises may raise through a device-side assert (an
+    out-of-range index), which leaves the process unusable: it runs in a child process."""
+    import subprocess
+    import sys
+
+    from tests.child_env import child_env
+    done = subprocess.run([sys.executable, "-c", _CHILD, path, backend], capture_output=True,
+                          text=True, timeout=300, env=child_env(TRITON_INTERPRET="0"))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
 
 
 @pytest.mark.parametrize("path", _known("*.py"))
