@@ -3,9 +3,10 @@ group gets.
 
 A `KernelConfig` fixes everything `emit_group` needs besides the group itself: the kernel kind
 ("pointwise", "pointwise_2d", "persistent_reduction", "looped_reduction"), the constexpr blocks
-`XBLOCK` / `RBLOCK` (`YBLOCK` for a 2-D tile) and the launch options `num_warps` / `num_stages`. `candidate_configs(group, graph)`
-gives the heuristic default first, then a few alternatives for max-autotune; every candidate is
-valid for the group (power-of-two blocks; persistent only when `RBLOCK >= rnumel`).
+`XBLOCK` / `RBLOCK` (`YBLOCK` for a 2-D tile) and the launch options `num_warps` /
+`num_stages`. `candidate_configs(group, graph)` gives the heuristic default first, then a few
+alternatives for max-autotune; every candidate is valid for the group (power-of-two blocks;
+persistent only when `RBLOCK >= rnumel`).
 
 A pointwise group whose store and largest read are contiguous along different loop dims (a
 permute fused with elementwise math) gets 2-D tiles first (`tiling.plan_tiles`, `_tiled_configs`),
@@ -31,6 +32,7 @@ import math
 
 from kiln.codegen.group import group_accesses
 from kiln.codegen.tiling import plan_tiles
+from kiln.config import config
 from kiln.lower.ir import IRGraph
 
 __all__ = [
@@ -51,6 +53,8 @@ ROW_PER_WARP = (256, 1024)  # inner-reduction row lengths that get one warp per 
 
 KINDS = ("pointwise", "pointwise_2d", "persistent_reduction", "looped_reduction")
 MAX_GRID_Y = 65535  # CUDA's limit on the second grid dimension
+MIN_TILE_SIDE = 16  # a 2-D tile's Y block: 32 bytes of bf16, one DRAM sector
+MAX_TILE_PADDING = 1.125  # masked lanes a tile's Y blocks may add, relative to the axis
 
 
 def next_power_of_2(n: int) -> int:
@@ -177,11 +181,21 @@ def _tiled_configs(group, plan, graph: IRGraph | None) -> list[KernelConfig]:
 
 
 def _fit_tile(xb: int, yb: int, x_numel: int, y_numel: int) -> tuple[int, int]:
+    """The blocks of a tile of `xb * yb` elements over axes of these lengths: YBLOCK halves
+    (down to MIN_TILE_SIDE) while its last block would be mostly masked (C=96 takes 32-wide
+    blocks, not 64 with a quarter of the lanes idle), XBLOCK takes what Y gives up, and
+    neither exceeds its axis."""
     area = xb * yb
     yb = min(yb, next_power_of_2(y_numel))
+    while yb > MIN_TILE_SIDE and _padded(y_numel, yb) > MAX_TILE_PADDING * y_numel:
+        yb //= 2
     xb = min(area // yb, next_power_of_2(x_numel), MAX_XBLOCK)
     yb = min(max(yb, area // xb), next_power_of_2(y_numel))
     return xb, yb
+
+
+def _padded(numel: int, block: int) -> int:
+    return _cdiv(numel, block) * block
 
 
 def _widest_element(group, plan, graph: IRGraph | None) -> int:
@@ -261,7 +275,7 @@ def candidate_configs(group, graph: IRGraph | None = None) -> list[KernelConfig]
     """The heuristic default config first, then up to 5 alternatives (max-autotune)."""
     numel, rnumel = group.numel, group.rnumel
     if not group.is_reduction:
-        plan = plan_tiles(group)
+        plan = plan_tiles(group) if config.tile_pointwise else None
         tiled = _tiled_configs(group, plan, graph) if plan is not None else []
         # two 1-D configs stay in a tiled group's list: autotuning may find them faster
         tiled = list(dict.fromkeys(tiled))[:4]
