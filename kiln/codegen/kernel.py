@@ -334,7 +334,7 @@ def _emit_tiled(group: FusedGroup, graph: IRGraph | None, config: KernelConfig) 
     printer.rmask = "ymask" if ymasked else None
     printer.wide = wide = _is_wide(group, graph)
     body = print_group(group, printer, plan.loop_vars(group.x_ranges), [], False)
-    prologue = tile_prologue(plan, group.x_ranges, wide, xmasked, ymasked)
+    prologue = tile_prologue(plan, wide, xmasked, ymasked)
     name = _kernel_name(group, _PREFIX[config.kind])
     src = _source(group, config, name, printer, prologue + body.lines,
                   ("XBLOCK: tl.constexpr", "YBLOCK: tl.constexpr"), notes=(plan.describe(),))

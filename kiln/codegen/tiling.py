@@ -15,9 +15,9 @@ residual through a permute ran at 5.6 % of the copy roofline that way. A tiled k
 The store is then contiguous along Y and the read along X; Triton converts the tile's layout
 between the two through shared memory. The dims that are neither `i` nor `j` ride on X, whose
 grid axis (`program_id(0)`) has no practical limit, so any rank works, whether or not the two
-dims are adjacent. `plan_tiles` decides (None keeps the 1-D kernel); `tile_prologue` prints
-the index lines; `tile_grid` counts programs. The loop variables are `x{d}` / `y{d}` after the
-axis that carries loop dim `d`: the printer tells the axes apart by that prefix.
+dims are adjacent. `plan_tiles` decides (None keeps the 1-D kernel); `TilePlan.loop_vars` gives
+the loop variables in the tile's flat indices `xindex` / `yindex` (the printer tells the axes
+apart by that prefix); `tile_prologue` prints the index lines; `tile_grid` counts programs.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ import math
 from typing import Mapping, Sequence
 
 from kiln.codegen.group import group_accesses
-from kiln.lower.index import Expr, affine_form, sym
+from kiln.lower.index import Expr, affine_form, as_expr, sym
 
 __all__ = ["TilePlan", "plan_tiles", "tile_grid", "tile_prologue"]
 
@@ -56,9 +56,19 @@ class TilePlan:
     read: str
 
     def loop_vars(self, ranges: Sequence[int]) -> list[Expr]:
-        """The group's loop variables, one per loop dim, named after the axis carrying it."""
-        on_y = set(self.y_dims)
-        return [sym(f"{'y' if d in on_y else 'x'}{d}", size) for d, size in enumerate(ranges)]
+        """The group's loop variables, one per loop dim, as div/mod of the flat index of the
+        axis carrying it (`xindex`, `yindex`). Written this way the index algebra merges the
+        dims of a contiguous run back into one term (`96*xindex + yindex`, not `5376*x0 +
+        96*x2 + ...`), which lets Triton see the contiguity it lays each access out by."""
+        out = [as_expr(0)] * len(ranges)
+        for flat, dims in ((sym("xindex", self.x_numel), self.x_dims),
+                           (sym("yindex", self.y_numel), self.y_dims)):
+            inner, total = 1, _numel(dims, ranges)
+            for d in reversed(dims):
+                var = flat // inner
+                out[d] = var if inner * ranges[d] == total else var % ranges[d]
+                inner *= ranges[d]
+        return out
 
     def describe(self) -> str:
         return (f"tile: x=dims {list(self.x_dims)} ({self.read} contiguous), "
@@ -157,10 +167,9 @@ def _contiguous_run(strides: Mapping[int, int], start: int, ranges: Sequence[int
 
 # -- printing ----------------------------------------------------------------------------------
 
-def tile_prologue(plan: TilePlan, ranges: Sequence[int], wide: bool, xmasked: bool,
-                  ymasked: bool) -> list[str]:
-    """The kernel lines before the body: the tile's `[XBLOCK, 1]` / `[1, YBLOCK]` indices,
-    their masks (only where the blocks do not divide the axes) and the loop variables."""
+def tile_prologue(plan: TilePlan, wide: bool, xmasked: bool, ymasked: bool) -> list[str]:
+    """The kernel lines before the body: the tile's `[XBLOCK, 1]` / `[1, YBLOCK]` indices and
+    their masks (only where the blocks do not divide the axes)."""
     pid = ".to(tl.int64)" if wide else ""
     lines = [f"xnumel = {plan.x_numel}", f"ynumel = {plan.y_numel}",
              f"xoffset = tl.program_id(0){pid} * XBLOCK",
@@ -169,23 +178,7 @@ def tile_prologue(plan: TilePlan, ranges: Sequence[int], wide: bool, xmasked: bo
              "yindex = yoffset + tl.arange(0, YBLOCK)[None, :]"]
     lines += ["xmask = xindex < xnumel"] if xmasked else []
     lines += ["ymask = yindex < ynumel"] if ymasked else []
-    return (lines + _axis_vars("x", plan.x_dims, ranges, "xindex")
-            + _axis_vars("y", plan.y_dims, ranges, "yindex"))
-
-
-def _axis_vars(prefix: str, dims: Sequence[int], ranges: Sequence[int], source: str) -> list[str]:
-    """`x0 = xindex // 145`, `x3 = xindex % 5`, ...: each dim of an axis by div/mod of its
-    flat index, the last dim fastest (no `%` on the outermost, no `//` on the innermost)."""
-    total = _numel(dims, ranges)
-    lines, inner = [], 1
-    for d in reversed(dims):
-        size = ranges[d]
-        text = source if inner == 1 else f"({source} // {inner})"
-        if inner * size != total:
-            text = f"{text} % {size}"
-        lines.append(f"{prefix}{d} = {text}")
-        inner *= size
-    return lines[::-1]
+    return lines
 
 
 def tile_grid(plan: TilePlan, meta: Mapping[str, int]) -> tuple[int, int]:
