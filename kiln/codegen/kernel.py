@@ -89,11 +89,12 @@ class KernelSpec:
     name: the `@triton.jit` function's name in `source` (a whole module: imports, helpers,
         the kernel). args: buffer names, one per pointer argument, in call order (reads, then
         writes); arg_names: the pointer parameter names. reads / writes: buffer names.
-    meta: constexpr arguments (XBLOCK, RBLOCK); num_warps / num_stages: launch options.
-    grid: `grid(meta) -> tuple` of program counts. kind: "pointwise" | "persistent_reduction"
-        | "looped_reduction". numel / rnumel: the output and reduction sizes. origins: FX nodes
-        it came from. config: the `KernelConfig` it was emitted with. members: the group's
-        buffer names in order. reduction_class: "inner" | "outer" ("" for pointwise).
+    meta: constexpr arguments (XBLOCK, RBLOCK or YBLOCK); num_warps / num_stages: launch
+        options. grid: `grid(meta) -> tuple` of program counts. kind: "pointwise" |
+        "pointwise_2d" | "persistent_reduction" | "looped_reduction". numel / rnumel: the
+        output and reduction sizes. origins: FX nodes it came from. config: the
+        `KernelConfig` it was emitted with. members: the group's buffer names in order.
+        reduction_class: "inner" | "outer" ("" for pointwise).
     index_checks: the kernel bounds-checks indirect indices with `tl.device_assert`, which
         Triton compiles only with debug=True (`compile_options`).
     """

@@ -33,9 +33,12 @@ __all__ = ["TilePlan", "plan_tiles", "tile_grid", "tile_prologue"]
 # A tile pays off only when both sides have a contiguous run at least this long (elements);
 # a shorter run (an RGB channel dim of 3) is served about as well by the 1-D kernel.
 MIN_RUN = 8
-# Y's dims beyond `j` are added only while Y stays within CUDA's second grid dimension even at
-# YBLOCK=1; more contiguity along Y than a few blocks' worth gains nothing.
-MAX_Y_NUMEL = 65535
+# Y takes dims beyond `j` only until its run is this long (the largest YBLOCK candidate): a
+# longer run gains the store nothing and could take dims the read's run needs (a reversed
+# [17, 16, 9, 2] permute: Y = 17*16, leaving 9*2 contiguous for the read).
+Y_RUN = 128
+# ... nor past what CUDA's second grid dimension (65535 programs) covers in 16-wide blocks.
+MAX_Y_NUMEL = 65535 * 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +97,7 @@ def plan_tiles(group) -> TilePlan | None:
         return None
     read_strides = _strides(other.index, ranges)
     i = _unit_dim(read_strides, ranges)
-    y_dims = _contiguous_run(store_strides, j, ranges, avoid={i}, limit=MAX_Y_NUMEL)
+    y_dims = _contiguous_run(store_strides, j, ranges, {i}, Y_RUN, MAX_Y_NUMEL)
     x_run = _contiguous_run(read_strides, i, ranges, avoid=set(y_dims))
     if _numel(y_dims, ranges) < MIN_RUN or _numel(x_run, ranges) < MIN_RUN:
         return None
@@ -151,18 +154,20 @@ def _largest_disagreeing(deps: Sequence, j: int, ranges: Sequence[int]):
 
 
 def _contiguous_run(strides: Mapping[int, int], start: int, ranges: Sequence[int],
-                    avoid: set, limit: int | None = None) -> tuple[int, ...]:
+                    avoid: set, enough: int | None = None,
+                    limit: int | None = None) -> tuple[int, ...]:
     """`start` and the dims continuing it contiguously in memory (each one's step is the
     product of the sizes before it: W then H of an NCHW read), outermost first; stops at a
-    dim in `avoid` or before the product passes `limit`."""
+    dim in `avoid`, once the run has `enough` elements, or before it would pass `limit`."""
     run, span = [start], ranges[start]
-    while True:
+    while enough is None or span < enough:
         nxt = next((d for d, step in strides.items() if abs(step) == span and ranges[d] > 1
                     and d not in run and d not in avoid), None)
         if nxt is None or (limit is not None and span * ranges[nxt] > limit):
-            return tuple(reversed(run))
+            break
         run.append(nxt)
         span *= ranges[nxt]
+    return tuple(reversed(run))
 
 
 # -- printing ----------------------------------------------------------------------------------

@@ -65,6 +65,20 @@ def test_nhwc_to_nchw_puts_the_stores_contiguous_run_on_y():
     assert plan is not None and plan.y_dims == (2, 3) and plan.x_dims == (0, 1)
 
 
+def test_y_stops_growing_where_the_read_needs_the_dims():
+    """A reversed permute of [2, 9, 16, 17] + a contiguous [17, 16, 9, 2]: the output keeps
+    x's memory order, so the store's run is 17, 16, 9, ... and the read's is 2, 9, 16, ....
+    Y stops at 17*16 >= Y_RUN, leaving 9*2 contiguous for the read on X."""
+    def fn(x, y):
+        return x.permute(3, 2, 1, 0).sin() + y
+
+    x, y = torch.randn(2, 9, 16, 17), torch.randn(17, 16, 9, 2)
+    _, group = _one_group(fn, x, y)
+    plan = plan_tiles(group)
+    assert plan is not None and plan.y_dims == (1, 0) and plan.x_dims == (2, 3)
+    _all_configs_match(fn, x, y)
+
+
 def test_contiguous_and_short_runs_stay_1d():
     x, y = torch.randn(6, 40), torch.randn(6, 40)
     _, group = _one_group(lambda x, y: x * 2 + y, x, y)
