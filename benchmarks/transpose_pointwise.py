@@ -152,11 +152,15 @@ def run_case(name: str, fn: Callable, inputs: list[torch.Tensor], args, cuda: bo
                            "bytes": moved, "ms": {}, "gbps": {}, "kernels": {}}
     for column, compiled, context in compile_variants(fn, args, cuda):
         kiln.reset()
-        with context(), recorded_kernels() as specs:
-            row.setdefault("max_err", {})[column] = check(fn, compiled, inputs)
+        with context():  # compiled and timed under it (kiln 1-D: tiles off throughout)
+            with recorded_kernels() as specs:
+                row.setdefault("max_err", {})[column] = check(fn, compiled, inputs)
+            with recorded_kernels() as again:
+                ms = median_ms(lambda: compiled(*inputs), cuda)
+        if again:
+            raise RuntimeError(f"{name}, {column}: kiln compiled again while being timed")
         if specs:
             row["kernels"][column] = [f"{s.name}: {s.config.short()}" for s in specs]
-        ms = median_ms(lambda: compiled(*inputs), cuda)
         row["ms"][column] = round(ms, 4)
         row["gbps"][column] = round(moved / ms / 1e6, 1)
     return row
