@@ -67,6 +67,11 @@ _FIELDS: dict[str, _Field] = {
     "fp_fusion": _Field(False, bool, "KILN_FP_FUSION",
                         "let Triton contract a * b + c into FMAs in generated kernels (faster, "
                         "but rounds differently from eager, which rounds each op)"),
+    # On by default: a permute fused with elementwise math (convnext's layer scale + residual)
+    # ran at 5.6 % of the H200's copy roofline as a 1-D kernel. Off: the 1-D kernels, for A/B.
+    "tile_pointwise": _Field(True, bool, "KILN_TILE_POINTWISE",
+                             "2-D tiled kernels for pointwise groups whose store and largest "
+                             "read are contiguous along different dims (kiln.codegen.tiling)"),
     # Off by default: measured on the H200 (bf16, batch 64; benchmarks/RESULTS.md) it made
     # MobileNetV3 2.2x and ConvNeXt 1.18x slower and ResNet-50 only 5% faster.
     "channels_last": _Field(False, bool, "KILN_CHANNELS_LAST",

@@ -37,6 +37,7 @@ def test_defaults():
         "warm_start": True,
         "disabled_passes": "",
         "fp_fusion": False,
+        "tile_pointwise": True,
         "channels_last": False,
     }
 

@@ -28,13 +28,13 @@ import math
 from typing import Sequence
 
 from kiln.codegen.triton_printer import TV, CodegenError, TritonPrinter
-from kiln.lower.deps import read_writes
+from kiln.lower.deps import DepsCollector, read_writes
 from kiln.lower.index import Expr, affine_form
-from kiln.lower.ir import ComputedBuffer
+from kiln.lower.ir import ComputedBuffer, loop_vars
 from kiln.lower.ops import use_handler
 from kiln.schedule import group_index
 
-__all__ = ["GroupBody", "member_indices", "plan_passes", "print_group"]
+__all__ = ["GroupBody", "group_accesses", "member_indices", "plan_passes", "print_group"]
 
 
 def is_x_only(node: ComputedBuffer, group) -> bool:
@@ -62,6 +62,26 @@ def member_indices(node: ComputedBuffer, group, xvars: Sequence[Expr],
                            f"group's x={list(group.x_ranges)} r={list(group.r_ranges)}; "
                            "hint: the scheduler must only fuse members of one iteration space")
     return group_index(node, xvars, rvars, group.x_ranges, group.r_ranges)
+
+
+def group_accesses(group, reductions_only: bool = False) -> tuple[list, list, list, list]:
+    """(reads of buffers outside the group, writes, x vars, r vars) of the group's members, as
+    `MemoryDep`s (name, index in the group's loop variables; a buffer several members read
+    appears once per member)."""
+    members = {n.name for n in group.nodes}
+    xvars = loop_vars(group.x_ranges, "x")
+    rvars = loop_vars(group.r_ranges, "r")
+    reads, writes = [], []
+    for node in group.nodes:
+        if reductions_only and not node.is_reduction:
+            continue
+        collector = DepsCollector()
+        index, rindex = member_indices(node, group, xvars, rvars)
+        with use_handler(collector):
+            node.body(index, rindex)
+        reads += [dep for dep in collector.reads if dep.name not in members]
+        writes += [dep for dep in collector.writes if dep.name in group.stores]
+    return reads, writes, xvars, rvars
 
 
 def member_reads(group) -> dict[str, list[str]]:

@@ -5,8 +5,9 @@ kernel kinds (`KernelConfig.kind`, chosen by `config.candidate_configs` unless g
 
 - pointwise: 1-D, `xindex` covers `numel` in blocks of `XBLOCK`; the loop variables are div/mod
   of `xindex`. The mask is elided when `XBLOCK` divides numel, so contiguous loads vectorize.
-- pointwise_2d: tiles `[XBLOCK, YBLOCK]` over a split of the loop dims, 2-D grid, when a read is
-  transposed to the write (`config.transpose_split`).
+- pointwise_2d: tiles `[XBLOCK, YBLOCK]` over two flattened axes of the loop dims, 2-D grid,
+  when a read is contiguous along another dim than the write (`tiling.py`: the store's
+  contiguous dims on Y, the read's on X, the other dims folded into X).
 - persistent_reduction: tile `[XBLOCK, RBLOCK]` (`RBLOCK >= rnumel`), `XBLOCK` rows per program,
   the whole row in registers, reduced once along axis 1.
 - looped_reduction: `XBLOCK` rows per program, `for roffset in range(0, rnumel, RBLOCK)` with
@@ -35,11 +36,11 @@ from kiln.codegen.kernel_configs import (
     default_config,
     next_power_of_2,
     reduction_class,
-    transpose_split,
 )
 from kiln.codegen.group import print_group
 from kiln.codegen.fast_math import FAST_MATH_HELPERS
 from kiln.codegen.reductions import PRELUDE_HELPERS
+from kiln.codegen.tiling import plan_tiles, tile_grid, tile_prologue
 from kiln.codegen.triton_printer import CodegenError, TritonPrinter
 from kiln.lower.deps import read_writes
 from kiln.lower.ir import ComputedBuffer, IRGraph, Origin, Reduction, loop_vars
@@ -106,11 +107,12 @@ class KernelSpec:
     name: the `@triton.jit` function's name in `source` (a whole module: imports, helpers,
         the kernel). args: buffer names, one per pointer argument, in call order (reads, then
         writes); arg_names: the pointer parameter names. reads / writes: buffer names.
-    meta: constexpr arguments (XBLOCK, RBLOCK); num_warps / num_stages: launch options.
-    grid: `grid(meta) -> tuple` of program counts. kind: "pointwise" | "persistent_reduction"
-        | "looped_reduction". numel / rnumel: the output and reduction sizes. origins: FX nodes
-        it came from. config: the `KernelConfig` it was emitted with. members: the group's
-        buffer names in order. reduction_class: "inner" | "outer" ("" for pointwise).
+    meta: constexpr arguments (XBLOCK, RBLOCK or YBLOCK); num_warps / num_stages: launch
+        options. grid: `grid(meta) -> tuple` of program counts. kind: "pointwise" |
+        "pointwise_2d" | "persistent_reduction" | "looped_reduction". numel / rnumel: the
+        output and reduction sizes. origins: FX nodes it came from. config: the
+        `KernelConfig` it was emitted with. members: the group's buffer names in order.
+        reduction_class: "inner" | "outer" ("" for pointwise).
     index_checks: the kernel bounds-checks indirect indices with `tl.device_assert`, which
         Triton compiles only with debug=True (`compile_options`).
     """
@@ -202,11 +204,12 @@ def _describe(node: ComputedBuffer) -> str:
     return f"Pointwise ranges={list(data.ranges)}"
 
 
-def _header(group: FusedGroup, config: KernelConfig, red_class: str) -> list[str]:
+def _header(group: FusedGroup, config: KernelConfig, red_class: str,
+            notes: Sequence[str] = ()) -> list[str]:
     what = f" ({red_class} reduction)" if red_class else ""
     lines = [f"# kiln {config.kind} kernel for {group.name}{what}: "
              f"x={list(group.x_ranges)} r={list(group.r_ranges)}",
-             f"#   config: {config.short()}"]
+             f"#   config: {config.short()}"] + [f"#   {note}" for note in notes]
     for node in group.nodes:
         fate = "stored" if node.name in group.stores else "in registers"
         lines.append(f"#   {node.name} ({fate}): {node.layout.render()} = {_describe(node)}")
@@ -314,9 +317,11 @@ def _dtypes(group: FusedGroup, graph: IRGraph | None) -> dict:
 
 
 def _source(group: FusedGroup, config: KernelConfig, name: str, printer: TritonPrinter,
-            lines: list[str], constexprs: tuple[str, ...], red_class: str = "") -> str:
+            lines: list[str], constexprs: tuple[str, ...], red_class: str = "",
+            notes: Sequence[str] = ()) -> str:
     arg_names = tuple(printer.loads.values()) + tuple(printer.stores.values())
-    src = "\n".join(_header(group, config, red_class)) + "\n" + _PRELUDE + "\n\n@triton.jit\n"
+    src = "\n".join(_header(group, config, red_class, notes)) + "\n" + _PRELUDE
+    src += "\n\n@triton.jit\n"
     src += f"def {name}({', '.join(arg_names + constexprs)}):\n"
     return src + "".join(f"    {line}\n" for line in lines)
 
@@ -334,39 +339,25 @@ def _spec(group: FusedGroup, config: KernelConfig, name: str, source: str,
 
 
 def _emit_tiled(group: FusedGroup, graph: IRGraph | None, config: KernelConfig) -> KernelSpec:
-    """A 2-D tiled pointwise kernel: tile `[XBLOCK, YBLOCK]` over `x_ranges[:k]` ×
-    `x_ranges[k:]`, so a transposed read and the write both touch whole rows of the tile (Triton
-    converts the layout between them through shared memory)."""
-    k = transpose_split(group, graph)
-    if k is None:
+    """A 2-D tiled pointwise kernel (`tiling.py`): a `[XBLOCK, YBLOCK]` tile over the plan's X
+    and Y axes, so the store (contiguous along Y) and the transposed read (along X) both touch
+    whole rows of the tile; Triton converts the layout between them through shared memory."""
+    plan = plan_tiles(group)
+    if plan is None:
         raise ValueError(f"{group.name}: pointwise_2d needs a read transposed to the write")
-    a_ranges, b_ranges = tuple(group.x_ranges[:k]), tuple(group.x_ranges[k:])
-    a, b = math.prod(a_ranges), math.prod(b_ranges)
-    tiles = FusedGroup(group.name, group.nodes, a_ranges, b_ranges, group.stores)
     printer = TritonPrinter(reduction=False, buffer_dtypes=_dtypes(group, graph))
     printer.two_d, printer.inner_prefix = True, "y"
-    xmasked, ymasked = a % config.XBLOCK != 0, b % config.RBLOCK != 0
+    xmasked = plan.x_numel % config.XBLOCK != 0
+    ymasked = plan.y_numel % config.YBLOCK != 0
     printer.xmask = "xmask" if xmasked else None
     printer.rmask = "ymask" if ymasked else None
-    wide = _is_wide(group, graph)
-    body = print_group(tiles, printer, loop_vars(a_ranges, "x"), loop_vars(b_ranges, "y"), False)
-    pid = ".to(tl.int64)" if wide else ""
-    lines = [f"xnumel = {a}", f"ynumel = {b}",
-             f"xoffset = tl.program_id(0){pid} * XBLOCK",
-             "xindex = xoffset + tl.arange(0, XBLOCK)[:, None]",
-             f"yoffset = tl.program_id(1){pid} * YBLOCK",
-             "yindex = yoffset + tl.arange(0, YBLOCK)[None, :]"]
-    lines += ["xmask = xindex < xnumel"] if xmasked else []
-    lines += ["ymask = yindex < ynumel"] if ymasked else []
-    lines += _define_vars("x", a_ranges, "xindex") + _define_vars("y", b_ranges, "yindex")
+    printer.wide = wide = _is_wide(group, graph)
+    body = print_group(group, printer, plan.loop_vars(group.x_ranges), [], False)
+    prologue = tile_prologue(plan, wide, xmasked, ymasked)
     name = _kernel_name(group, _PREFIX[config.kind])
-    src = _source(group, config, name, printer, lines + body.lines,
-                  ("XBLOCK: tl.constexpr", "YBLOCK: tl.constexpr"))
-
-    def grid(meta: Mapping[str, int], _a: int = a, _b: int = b) -> tuple[int, ...]:
-        return (_cdiv(_a, meta["XBLOCK"]), _cdiv(_b, meta["YBLOCK"]))
-
-    return _spec(group, config, name, src, printer, grid)
+    src = _source(group, config, name, printer, prologue + body.lines,
+                  ("XBLOCK: tl.constexpr", "YBLOCK: tl.constexpr"), notes=(plan.describe(),))
+    return _spec(group, config, name, src, printer, functools.partial(tile_grid, plan))
 
 
 def emit_group(group: FusedGroup, graph: IRGraph | None = None,

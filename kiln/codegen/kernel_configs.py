@@ -2,12 +2,17 @@
 group gets.
 
 A `KernelConfig` fixes everything `emit_group` needs besides the group itself: the kernel kind
-("pointwise", "persistent_reduction", "looped_reduction"), the constexpr blocks `XBLOCK` /
-`RBLOCK` and the launch options `num_warps` / `num_stages`. `candidate_configs(group, graph)`
-gives the heuristic default first, then a few alternatives for max-autotune; every candidate is
-valid for the group (power-of-two blocks; persistent only when `RBLOCK >= rnumel`).
+("pointwise", "pointwise_2d", "persistent_reduction", "looped_reduction"), the constexpr blocks
+`XBLOCK` / `RBLOCK` (`YBLOCK` for a 2-D tile) and the launch options `num_warps` /
+`num_stages`. `candidate_configs(group, graph)` gives the heuristic default first, then a few
+alternatives for max-autotune; every candidate is valid for the group (power-of-two blocks;
+persistent only when `RBLOCK >= rnumel`).
 
-The heuristics, per reduction class (`reduction_class`):
+A pointwise group whose store and largest read are contiguous along different loop dims (a
+permute fused with elementwise math) gets 2-D tiles first (`tiling.plan_tiles`, `_tiled_configs`),
+then two 1-D configs; any other pointwise group gets 1-D configs only.
+
+The reduction heuristics, per reduction class (`reduction_class`):
 
 - inner (the reduced axis is the contiguous one: a row sum, LayerNorm, softmax): persistent
   while the row fits (`rnumel <= MAX_PERSISTENT_RBLOCK`); rows of 256..1024 elements get one
@@ -25,8 +30,10 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from kiln.lower.index import affine_form
-from kiln.lower.ir import IRGraph, loop_vars
+from kiln.codegen.group import group_accesses
+from kiln.codegen.tiling import plan_tiles
+from kiln.config import config
+from kiln.lower.ir import IRGraph
 
 __all__ = [
     "MAX_PERSISTENT_RBLOCK",
@@ -36,7 +43,6 @@ __all__ = [
     "default_config",
     "next_power_of_2",
     "reduction_class",
-    "transpose_split",
 ]
 
 MAX_XBLOCK = 1024
@@ -47,6 +53,8 @@ ROW_PER_WARP = (256, 1024)  # inner-reduction row lengths that get one warp per 
 
 KINDS = ("pointwise", "pointwise_2d", "persistent_reduction", "looped_reduction")
 MAX_GRID_Y = 65535  # CUDA's limit on the second grid dimension
+MIN_TILE_SIDE = 16  # a 2-D tile's Y block: 32 bytes of bf16, one DRAM sector
+MAX_TILE_PADDING = 1.125  # masked lanes a tile's Y blocks may add, relative to the axis
 
 
 def next_power_of_2(n: int) -> int:
@@ -60,7 +68,8 @@ def _cdiv(a: int, b: int) -> int:
 @dataclasses.dataclass(frozen=True)
 class KernelConfig:
     """How one group is emitted. kind: one of `KINDS`. XBLOCK: outputs (rows) per program;
-    RBLOCK: reduction elements per tile (1 for pointwise; >= rnumel when persistent).
+    RBLOCK: reduction elements per tile (1 for pointwise; >= rnumel when persistent; the
+    tile's Y block, `YBLOCK`, for pointwise_2d).
     num_warps / num_stages: Triton launch options (stages pipeline the r loop's loads)."""
 
     kind: str
@@ -68,6 +77,11 @@ class KernelConfig:
     RBLOCK: int = 1
     num_warps: int = 4
     num_stages: int = 1
+
+    @property
+    def YBLOCK(self) -> int:
+        """A pointwise_2d tile's second block (kept in the `RBLOCK` field)."""
+        return self.RBLOCK
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -119,38 +133,14 @@ def reduction_class(group, graph: IRGraph | None) -> str:
     outer)."""
     from kiln.lower.deps import innermost, reduction_axis_class
 
-    reads, _, xvars, rvars = _group_accesses(group, reductions_only=True)
+    reads, _, xvars, rvars = group_accesses(group, reductions_only=True)
     return reduction_axis_class([dep.index for dep in reads], innermost(xvars), innermost(rvars))
-
-
-def _group_accesses(group, reductions_only: bool = False) -> tuple[list, list, list, list]:
-    """(reads of buffers outside the group, writes, x vars, r vars) of the group's members, as
-    `MemoryDep`s (name, index in the group's loop variables; a buffer several members read
-    appears once per member)."""
-    from kiln.codegen.group import member_indices
-    from kiln.lower.deps import DepsCollector
-    from kiln.lower.ops import use_handler
-
-    members = {n.name for n in group.nodes}
-    xvars = loop_vars(group.x_ranges, "x")
-    rvars = loop_vars(group.r_ranges, "r")
-    reads, writes = [], []
-    for node in group.nodes:
-        if reductions_only and not node.is_reduction:
-            continue
-        collector = DepsCollector()
-        index, rindex = member_indices(node, group, xvars, rvars)
-        with use_handler(collector):
-            node.body(index, rindex)
-        reads += [dep for dep in collector.reads if dep.name not in members]
-        writes += [dep for dep in collector.writes if dep.name in group.stores]
-    return reads, writes, xvars, rvars
 
 
 def row_streams(group) -> int:
     """How many full [x, r] tensors a reduction group reads or writes (a LayerNorm 2, a
     residual add + LayerNorm with both outputs 4); weights indexed by r alone don't count."""
-    reads, writes, xvars, rvars = _group_accesses(group)
+    reads, writes, xvars, rvars = group_accesses(group)
     xs = {s.name for v in xvars for s in v.free_symbols()}
     rs = {s.name for v in rvars for s in v.free_symbols()}
 
@@ -173,56 +163,49 @@ def _pointwise_configs(numel: int) -> list[KernelConfig]:
     return out
 
 
-def transpose_split(group, graph: IRGraph | None = None) -> int | None:
-    """For a pointwise group that reads some buffer transposed to how it writes (the unit
-    stride on another loop variable), the dim `k` splitting `x_ranges` into the tile's two
-    axes `x_ranges[:k]` × `x_ranges[k:]` (one holds each unit-stride variable); else None."""
-    from kiln.codegen.group import member_indices
-    from kiln.lower.deps import DepsCollector
-    from kiln.lower.ops import use_handler
-
-    if group.is_reduction or len(group.x_ranges) < 2:
-        return None
-    members = {n.name for n in group.nodes}
-    xvars = loop_vars(group.x_ranges, "x")
-    loads, stores = [], []
-    for node in group.nodes:
-        collector = DepsCollector()
-        index, _ = member_indices(node, group, xvars, [])
-        with use_handler(collector):
-            node.body(index, [])
-        loads += [d.index for d in collector.reads if d.name not in members]
-        stores += [d.index for d in collector.writes if d.name in group.stores]
-    store_dims = {_unit_dim(i) for i in stores} - {None}
-    if len(store_dims) != 1:
-        return None
-    (j,) = store_dims
-    for index in loads:
-        i = _unit_dim(index)
-        if i is not None and i != j:
-            k = max(i, j)
-            a, b = math.prod(group.x_ranges[:k]), math.prod(group.x_ranges[k:])
-            if a >= 8 and b >= 8:
-                return k
-    return None
-
-
-def _unit_dim(index) -> int | None:
-    coefs = affine_form(index).linear_coefficients() or {}
-    for s, c in coefs.items():
-        if abs(c) == 1 and s.name.startswith("x") and s.size > 1:
-            return int(s.name[1:])
-    return None
-
-
-def _tiled_configs(group, k: int) -> list[KernelConfig]:
-    a, b = math.prod(group.x_ranges[:k]), math.prod(group.x_ranges[k:])
+def _tiled_configs(group, plan, graph: IRGraph | None) -> list[KernelConfig]:
+    """2-D tiles `[XBLOCK, YBLOCK]` for a transposed pointwise group (`tiling.plan_tiles`),
+    the default first: 64x64 with 8 warps when every element the tile moves is 16-bit (8 KiB
+    per tile, 16 values per thread), else 32x32 with 4 warps (Inductor's default tile). A
+    block larger than its axis is cut to the axis and the other block grows, up to the same
+    tile area, so a short axis (C=16) still gets a full tile."""
+    small = _widest_element(group, plan, graph) <= 2
+    shapes = ((64, 64, 8), (32, 32, 4)) if small else ((32, 32, 4), (64, 64, 8))
+    shapes += ((64, 32, 4), (32, 64, 4), (128, 16, 4), (16, 128, 4))
     out = []
-    for xb, yb, warps in ((32, 32, 4), (64, 64, 8), (16, 64, 4), (64, 16, 4)):
-        xb, yb = min(xb, next_power_of_2(a)), min(yb, next_power_of_2(b))
-        if -(-b // yb) <= MAX_GRID_Y:
-            out.append(KernelConfig("pointwise_2d", xb, yb, min(warps, _warps_for(xb * yb) * 2)))
+    for xb, yb, warps in shapes:
+        xb, yb = _fit_tile(xb, yb, plan.x_numel, plan.y_numel)
+        if _cdiv(plan.y_numel, yb) <= MAX_GRID_Y:
+            out.append(KernelConfig("pointwise_2d", xb, yb, min(warps, _warps_for(xb * yb))))
     return out
+
+
+def _fit_tile(xb: int, yb: int, x_numel: int, y_numel: int) -> tuple[int, int]:
+    """The blocks of a tile of `xb * yb` elements over axes of these lengths: YBLOCK halves
+    (down to MIN_TILE_SIDE) while its last block would be mostly masked (C=96 takes 32-wide
+    blocks, not 64 with a quarter of the lanes idle), XBLOCK takes what Y gives up, and
+    neither exceeds its axis."""
+    area = xb * yb
+    yb = min(yb, next_power_of_2(y_numel))
+    while yb > MIN_TILE_SIDE and _padded(y_numel, yb) > MAX_TILE_PADDING * y_numel:
+        yb //= 2
+    xb = min(area // yb, next_power_of_2(x_numel), MAX_XBLOCK)
+    yb = min(max(yb, area // xb), next_power_of_2(y_numel))
+    return xb, yb
+
+
+def _padded(numel: int, block: int) -> int:
+    return _cdiv(numel, block) * block
+
+
+def _widest_element(group, plan, graph: IRGraph | None) -> int:
+    """Bytes per element of the wider of the tile's two buffers (4 when unknown)."""
+    dtypes = {n.name: n.dtype for n in group.nodes}
+    if graph is not None:
+        dtypes.update({name: graph.buffers[name].dtype for name in (plan.store, plan.read)
+                       if name in graph.buffers})
+    sizes = [dtypes[name].itemsize for name in (plan.store, plan.read) if name in dtypes]
+    return max(sizes) if len(sizes) == 2 else 4
 
 
 def _rows_per_program(numel: int, rblock: int, elements: int) -> int:
@@ -292,9 +275,11 @@ def candidate_configs(group, graph: IRGraph | None = None) -> list[KernelConfig]
     """The heuristic default config first, then up to 5 alternatives (max-autotune)."""
     numel, rnumel = group.numel, group.rnumel
     if not group.is_reduction:
-        k = transpose_split(group, graph)
-        tiled = _tiled_configs(group, k) if k is not None else []
-        configs = tiled + _pointwise_configs(numel)[:6 - min(len(tiled), 4)]
+        plan = plan_tiles(group) if config.tile_pointwise else None
+        tiled = _tiled_configs(group, plan, graph) if plan is not None else []
+        # two 1-D configs stay in a tiled group's list: autotuning may find them faster
+        tiled = list(dict.fromkeys(tiled))[:4]
+        configs = tiled + _pointwise_configs(numel)[:6 - len(tiled)]
     elif reduction_class(group, graph) == "outer":
         configs = _outer_configs(numel, rnumel)
     else:
