@@ -59,16 +59,22 @@ class DynamicPolicy:
     mode: bool | None = None
     automatic: Mapping[str, frozenset[int]] = dataclasses.field(default_factory=dict)
 
-    def dims_for(self, value: torch.Tensor, source_expr: str, module_state: bool) -> set[int]:
-        """The dims of `value` (read from `source_expr`) to make symbolic in this capture."""
+    def dims_for(self, value: torch.Tensor, source_expr: str,
+                 module_state: bool) -> dict[int, str]:
+        """The dims of `value` (read from `source_expr`) to make symbolic in this capture, each
+        with why (shown by explain)."""
         if self.mode is False or isinstance(value, torch.nn.Parameter):
-            return set()
-        dims = set(self.automatic.get(source_expr, ()))
+            return {}
+        why: dict[int, str] = {}
         if self.mode is True and not module_state:  # buffers, like parameters, stay static
-            dims.update(range(value.dim()))
-        dims |= _marked(value, DYNAMIC_ATTR) | _marked(value, WEAK_DYNAMIC_ATTR)
-        dims -= _marked(value, STATIC_ATTR)
-        return {d for d in dims if 0 <= d < value.dim()}
+            why.update((d, "dynamic=True") for d in range(value.dim()))
+        why.update((d, "its size changed between calls")
+                   for d in self.automatic.get(source_expr, ()))
+        why.update((d, "maybe_mark_dynamic") for d in _marked(value, WEAK_DYNAMIC_ATTR))
+        why.update((d, "mark_dynamic") for d in _marked(value, DYNAMIC_ATTR))
+        static = _marked(value, STATIC_ATTR)
+        return {d: reason for d, reason in why.items() if 0 <= d < value.dim() and
+                d not in static}
 
 
 @dataclasses.dataclass(frozen=True)

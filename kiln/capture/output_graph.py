@@ -75,8 +75,8 @@ class OutputGraph:
                         f"({type(value).__qualname__}), which capture does not handle yet")
         dims = self.dynamic.dims_for(value, source.expr(), module_state)
         if dims:
-            fake = _compat.symbolic_fake(self.fake_mode, value, dims, source.ident())
-            self.symbolic.add(source, fake, module_state)
+            fake = _compat.symbolic_fake(self.fake_mode, value, set(dims), source.ident())
+            self.symbolic.add(source, fake, module_state, dims)
         else:
             fake = self.fake_mode.from_tensor(value, static_shapes=True)
         node = self._placeholder(source)

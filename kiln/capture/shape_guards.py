@@ -34,9 +34,12 @@ class SymbolicInputs:
         self.exprs: dict[Any, str] = {}  # symbol -> dispatcher expression of the size
         self.users: dict[Any, str] = {}  # symbol -> the same size as the user writes it
         self.module_state: dict[Any, bool] = {}
+        self.why: dict[Any, str] = {}  # symbol -> why it is symbolic (dynamic_dims.DynamicPolicy)
         self.tensors: list[tuple[Source, torch.Tensor, bool]] = []
 
-    def add(self, source: Source, fake: torch.Tensor, module_state: bool) -> None:
+    def add(self, source: Source, fake: torch.Tensor, module_state: bool,
+            why: dict[int, str]) -> None:
+        """`fake` read from `source`, made with symbolic dims for the reasons `why` (per dim)."""
         found = False
         for dim, size in enumerate(fake.shape):
             symbol = _compat.symbol_of(size)
@@ -45,9 +48,25 @@ class SymbolicInputs:
             self.exprs[symbol] = f"{source.expr()}.shape[{dim}]"
             self.users[symbol] = f"{source.name()}.shape[{dim}]"
             self.module_state[symbol] = module_state
+            self.why[symbol] = why.get(dim, "")
             found = True
         if found:
             self.tensors.append((source, fake, module_state))
+
+    def describe(self, fake_mode: Any) -> tuple[str, ...]:
+        """Each symbolic dim in words, for explain: `x.shape[0] (dynamic=True)`, or what became
+        of it when the trace needed its value (`... specialized to 8`)."""
+        if not self.exprs:
+            return ()
+        _, replaced = _compat.shape_env_facts(fake_mode, self.exprs)
+        found = []
+        for symbol, user in self.users.items():
+            target = replaced[symbol]
+            fate = "" if target == symbol else \
+                f"; specialized: the code needs {user} == " \
+                f"{_compat.SymbolPrinter(self.users).doprint(target)}"
+            found.append(f"{user} ({self.why[symbol]}{fate})")
+        return tuple(found)
 
     def __bool__(self) -> bool:
         return bool(self.exprs)

@@ -315,3 +315,27 @@ def test_training_on_a_dynamic_graph_with_aot_eager_matches_eager_grads(model_cl
         assert_grads_equal(reference, model, rtol=1e-5, atol=1e-5)
         _close(x.grad, x_ref.grad)
     assert backend.count == 2
+
+
+def test_explain_lists_dynamic_dims_and_why():
+    def f(x, y):
+        return x.view(x.shape[0], 2, -1).sum(1) + y
+
+    x, y = torch.randn(4, 6), torch.randn(3)
+    kiln.mark_dynamic(x, 0)
+    report = kiln.explain(f)(x, y)
+    assert report.dynamic_dims == [("x.shape[0] (mark_dynamic)",)]
+    text = str(report)
+    assert "graph 1: x.shape[0] (mark_dynamic)" in text
+    everything = kiln.explain(f, dynamic=True)(x, torch.randn(3))
+    assert everything.dynamic_dims == [("x.shape[0] (mark_dynamic)", "x.shape[1] (dynamic=True)",
+                                        "y.shape[0] (dynamic=True)")]
+    # the sum's broadcast needs y's size to equal half of x's second: a relation, in user terms
+    assert "(x.shape[1] // 2) == y.shape[0]" in {g.expr for g in everything.out_guards}
+
+
+def test_explain_says_when_the_code_specialized_a_dynamic_dim():
+    report = kiln.explain(lambda x: x.view(x.shape[0], 2, 3), dynamic=True)(torch.randn(5, 6))
+    assert report.dynamic_dims == [("x.shape[0] (dynamic=True)", "x.shape[1] (dynamic=True; "
+                                    "specialized: the code needs x.shape[1] == 6)")]
+    assert "x.shape[1] == 6" in {g.expr for g in report.out_guards}
