@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import kiln
+import models
 from kiln.backends.aot_eager import aot_eager
 from helpers import CountingBackend, assert_grads_equal, eager_copy
 
@@ -339,3 +340,45 @@ def test_explain_says_when_the_code_specialized_a_dynamic_dim():
     assert report.dynamic_dims == [("x.shape[0] (dynamic=True)", "x.shape[1] (dynamic=True; "
                                     "specialized: the code needs x.shape[1] == 6)")]
     assert "x.shape[1] == 6" in {g.expr for g in report.out_guards}
+
+
+@pytest.mark.parametrize("make_backend", [CountingBackend, CountingAot], ids=["eager", "aot_eager"])
+def test_nanogpt_sequence_sweep_compiles_at_most_twice(make_backend):
+    """The suite's nanoGPT: `assert t <= block_size`, a position `arange(t)` and the causal
+    mask buffer sliced `[:, :, :T, :T]` all take the symbolic length."""
+    backend = make_backend()
+    model = models.GPT().eval()
+    compiled = kiln.compile(model, backend=backend)
+    with torch.no_grad():
+        for length in range(1, 17):
+            idx = torch.randint(0, 64, (2, length))
+            _close(compiled(idx)[0], model(idx)[0])
+    assert backend.count == 2
+
+
+def test_seed_block_sequence_sweep_compiles_at_most_twice():
+    backend = CountingAot()
+    block = models.TransformerBlock(64, 4).eval()
+    compiled = kiln.compile(block, backend=backend)
+    with torch.no_grad():
+        for length in (1, 2, 3, 5, 8, 13, 21):
+            x = torch.randn(2, length, 64)
+            _close(compiled(x), block(x))
+    assert backend.count == 2
+
+
+def test_nanogpt_training_over_lengths_matches_eager_grads():
+    backend = CountingAot()
+    model = models.GPT()
+    reference = eager_copy(model)
+    compiled = kiln.compile(model, backend=backend)
+    for length in (1, 4, 9, 16):
+        idx, targets = torch.randint(0, 64, (2, length)), torch.randint(0, 64, (2, length))
+        model.zero_grad()
+        reference.zero_grad()
+        loss, want = compiled(idx, targets)[1], reference(idx, targets)[1]
+        _close(loss, want)
+        loss.backward()
+        want.backward()
+        assert_grads_equal(reference, model, rtol=1e-4, atol=1e-5)
+    assert backend.count == 2
