@@ -8,7 +8,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 __all__ = ["FakeTensor", "FakeTensorMode", "autocast_state", "new_fake_mode", "is_fake",
            "DataDependentError", "enter_autocast", "exit_autocast", "set_grad_enabled",
-           "SYM_TYPES", "new_symbolic_fake_mode", "symbolic_fake", "is_symbolic", "symbol_of",
+           "SYM_TYPES", "new_symbolic_fake_mode", "symbolic_dispatch", "symbolic_fake", "is_symbolic", "symbol_of",
            "concrete", "hint", "shape_env_facts", "SymbolPrinter", "SYM_SIZE", "SYM_STRIDE",
            "SYM_NUMEL", "SYM_STORAGE_OFFSET"]
 
@@ -86,6 +86,17 @@ def symbolic_fake(fake_mode: FakeTensorMode, real: torch.Tensor, dynamic_dims: s
              for d in range(real.dim())]
     context = StatelessSymbolicContext(dynamic_sizes=sizes)
     return fake_mode.from_tensor(real, source=LocalSource(name), symbolic_context=context)
+
+
+def symbolic_dispatch(active: bool) -> Any:
+    """Around fake computations on symbolic sizes: torch's Python dispatcher, whose kernels
+    for composite ops (`F.pad`'s `constant_pad_nd`, ...) accept SymInts where the C++ ones
+    want concrete sizes (Dynamo traces the same way). Nothing when `active` is False."""
+    import contextlib
+    if not active:
+        return contextlib.nullcontext()
+    from torch._dispatch.python import enable_python_dispatcher
+    return enable_python_dispatcher()
 
 
 def is_symbolic(value: Any) -> bool:

@@ -146,7 +146,7 @@ class OutputGraph:
         """Add a node and compute its fake value by calling `fake_fn` under the fake mode."""
         node = self.graph.create_node(op, target, args, kwargs)
         try:
-            with self.fake_mode:
+            with self.fake_mode, _compat.symbolic_dispatch(bool(self.symbolic)):
                 value = fake_fn()
         except _compat.DataDependentError as err:
             self.graph.erase_node(node)

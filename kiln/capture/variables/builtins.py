@@ -99,7 +99,7 @@ def _wrap_value(value: Any) -> VT:
 def _foldable(vt: VT) -> bool:
     """Values a builtin may be evaluated on at compile time. Opaque objects (a NumPy scalar, a
     frame object) are not: folding them would bake one call's value into the graph."""
-    if isinstance(vt, ListVT):
+    if isinstance(vt, (ListVT, TupleVT)):  # a tuple: `math.prod(x.shape)` of symbolic sizes
         return all(_foldable(i) for i in vt.items)
     return vt.is_constant() or isinstance(vt, SymScalarVT)
 

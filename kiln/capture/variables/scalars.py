@@ -76,21 +76,24 @@ class SymScalarVT(VT):
         return f"symbolic {self.python_type().__name__} ({self.value!r} while tracing)"
 
 
-def specialize_all(value: Any) -> Any:
+def specialize_all(value: Any, sizes: bool = False) -> Any:
     """`value` (a tracker, or a list/tuple/dict of them) with every symbolic number made a
     guarded constant, but symbolic sizes: for tensor ops whose scalar arguments may decide
-    shapes (the fake computation asks the ShapeEnv about a size, which records a guard)."""
-    from kiln.capture.variables.containers import ListVT, TupleVT
-    if isinstance(value, SymScalarVT) and not value.is_size():
+    shapes (the fake computation asks the ShapeEnv about a size, which records a guard).
+    `sizes`: symbolic sizes too (for a kernel that takes only concrete ones)."""
+    from kiln.capture.variables.containers import ListVT, SliceVT, TupleVT
+    if isinstance(value, SymScalarVT) and (sizes or not value.is_size()):
         return ConstantVT(value.as_constant())
     if isinstance(value, list):
-        return [specialize_all(v) for v in value]
+        return [specialize_all(v, sizes) for v in value]
     if isinstance(value, dict):
-        return {k: specialize_all(v) for k, v in value.items()}
+        return {k: specialize_all(v, sizes) for k, v in value.items()}
     if isinstance(value, TupleVT):
-        return TupleVT([specialize_all(i) for i in value.items], value.cls)
+        return TupleVT([specialize_all(i, sizes) for i in value.items], value.cls)
     if isinstance(value, ListVT):
-        return ListVT([specialize_all(i) for i in value.items])
+        return ListVT([specialize_all(i, sizes) for i in value.items])
+    if isinstance(value, SliceVT) and sizes:
+        return SliceVT(*(specialize_all(p, sizes) for p in (value.start, value.stop, value.step)))
     return value
 
 

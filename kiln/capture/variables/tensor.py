@@ -14,7 +14,7 @@ import torch.fx
 
 from kiln.capture import _compat
 from kiln.capture.sources import Source
-from kiln.capture.unsupported import unsupported
+from kiln.capture.unsupported import Unsupported, unsupported
 from kiln.capture.variables.base import VT, ConstantVT
 from kiln.capture.variables.scalars import VALUE_ONLY_TARGETS, SymScalarVT, specialize_all
 
@@ -203,6 +203,30 @@ def graph_call(tx: Translator, op: str, target: Any, args: list[VT], kwargs: dic
     (the call changes state, like `_set_grad_enabled`)."""
     if target not in VALUE_ONLY_TARGETS:  # a symbolic number could decide a shape here
         args, kwargs = specialize_all(list(args)), specialize_all(dict(kwargs))
+    try:
+        return _record_call(tx, op, target, args, kwargs, keep)
+    except Unsupported as err:
+        # a few kernels take only concrete sizes (F.pad's C++ path): specialize and try again
+        if err.code != "op-failed" or not _has_size([*args, *kwargs.values()]):
+            raise
+    args, kwargs = specialize_all(list(args), sizes=True), specialize_all(dict(kwargs), sizes=True)
+    return _record_call(tx, op, target, args, kwargs, keep)
+
+
+def _has_size(values: list) -> bool:
+    from kiln.capture.variables.containers import ListVT, SliceVT, TupleVT
+    for vt in values:
+        if isinstance(vt, SymScalarVT) and vt.is_size():
+            return True
+        if isinstance(vt, (TupleVT, ListVT)) and _has_size(vt.items):
+            return True
+        if isinstance(vt, SliceVT) and _has_size([vt.start, vt.stop, vt.step]):
+            return True
+    return False
+
+
+def _record_call(tx: Translator, op: str, target: Any, args: list[VT], kwargs: dict[str, VT],
+                 keep: bool) -> VT:
     node_args, fake_args = zip(*(to_graph_args(a) for a in args)) if args else ((), ())
     pairs = {k: to_graph_args(v) for k, v in kwargs.items()}
     node_kwargs = {k: p[0] for k, p in pairs.items()}
