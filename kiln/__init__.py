@@ -18,6 +18,7 @@ from kiln.version import __version__
 config = _config_module
 
 __all__ = ["__version__", "compile", "explain", "ExplainOutput", "disable", "allow_in_graph",
-           "graph_break", "is_compiling", "mark_dynamic", "maybe_mark_dynamic", "mark_static", "reset", "config",
+           "graph_break", "is_compiling", "mark_dynamic", "maybe_mark_dynamic", "mark_static",
+           "reset", "config",
            "logs", "list_backends", "register_backend"]
 

@@ -8,7 +8,8 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 __all__ = ["FakeTensor", "FakeTensorMode", "autocast_state", "new_fake_mode", "is_fake",
            "DataDependentError", "enter_autocast", "exit_autocast", "set_grad_enabled",
-           "SYM_TYPES", "new_symbolic_fake_mode", "symbolic_dispatch", "symbolic_fake", "is_symbolic", "symbol_of",
+           "SYM_TYPES", "new_symbolic_fake_mode", "symbolic_dispatch", "symbolic_fake",
+           "is_symbolic", "symbol_of",
            "concrete", "hint", "shape_env_facts", "SymbolPrinter", "SYM_SIZE", "SYM_STRIDE",
            "SYM_NUMEL", "SYM_STORAGE_OFFSET"]
 
