@@ -10,7 +10,7 @@ from __future__ import annotations
 from kiln import config as _config_module  # noqa: F401  (reads KILN_* first)
 from kiln import logs  # noqa: F401
 from kiln.api import (allow_in_graph, compile, disable, graph_break, is_compiling, mark_dynamic,
-                      mark_static, reset)
+                      mark_static, maybe_mark_dynamic, reset)
 from kiln.backends import list_backends, register_backend
 from kiln.tools.explain import ExplainOutput, explain
 from kiln.version import __version__
@@ -18,6 +18,7 @@ from kiln.version import __version__
 config = _config_module
 
 __all__ = ["__version__", "compile", "explain", "ExplainOutput", "disable", "allow_in_graph",
-           "graph_break", "is_compiling", "mark_dynamic", "mark_static", "reset", "config",
+           "graph_break", "is_compiling", "mark_dynamic", "maybe_mark_dynamic", "mark_static",
+           "reset", "config",
            "logs", "list_backends", "register_backend"]
 

@@ -15,6 +15,7 @@ from kiln.backends.kiln_backend import kiln_backend
 from kiln.capture import CompileSettings, clear_caches, compile_function
 from kiln.capture.escapes import graph_break, is_compiling
 from kiln.capture import module_version, rules
+from kiln.capture.dynamic_dims import DYNAMIC_ATTR, STATIC_ATTR, WEAK_DYNAMIC_ATTR, mark_dims
 from kiln.capture.module_wrapper import CompiledModule
 from kiln.config import config
 from kiln.errors import InvalidArgument
@@ -22,7 +23,7 @@ from kiln.logs import reset_warnings, warn_once
 from kiln.options import resolve_options
 
 __all__ = ["compile", "disable", "allow_in_graph", "graph_break", "is_compiling", "reset",
-           "mark_dynamic", "mark_static"]
+           "mark_dynamic", "maybe_mark_dynamic", "mark_static"]
 
 
 def compile(fn_or_module: Any = None, *, backend: str | Callable | None = None,
@@ -43,10 +44,8 @@ def compile(fn_or_module: Any = None, *, backend: str | Callable | None = None,
     backend_fn, resolved = _bind_backend(lookup_backend(backend_obj), mode, options)
     if disable:
         return fn_or_module
-    if dynamic:
-        warn_once("dynamic-shapes", "kiln: dynamic shapes are not supported yet; shapes are "
-                  "specialized and a new shape recompiles")
-    settings = CompileSettings(backend_fn, _backend_name(backend_obj), fullgraph, mode, resolved)
+    settings = CompileSettings(backend_fn, _backend_name(backend_obj), fullgraph, mode, resolved,
+                               dynamic)
     module_version.install()
     if isinstance(fn_or_module, torch.nn.Module):
         return CompiledModule(fn_or_module, settings)
@@ -173,12 +172,35 @@ def allow_in_graph(fn: Callable) -> Callable:
 
 
 def mark_dynamic(tensor: torch.Tensor, dim: int | list[int], **kwargs: Any) -> None:
-    """Accepted for torch.compile compatibility; kiln specializes shapes for now."""
-    warn_once("mark-dynamic", "kiln: mark_dynamic is accepted but shapes are specialized for now")
+    """Make `dim` of `tensor` symbolic in the next capture that reads it (the first call
+    included): one graph for every size >= 2 of that dim. Sizes 0 and 1 still specialize.
+    Ignored under `kiln.compile(dynamic=False)`. `min`/`max` (torch.compile's range hints) are
+    accepted and not used yet."""
+    _check_tensor("mark_dynamic", tensor)
+    mark_dims(tensor, DYNAMIC_ATTR, dim)
 
 
-def mark_static(tensor: Any, dim: int | None = None) -> None:
-    """Shapes are static by default in kiln; nothing to do."""
+def maybe_mark_dynamic(tensor: torch.Tensor, dim: int | list[int]) -> None:
+    """Like `mark_dynamic`, as a hint: where the trace needs the dim's value it specializes
+    (so does `mark_dynamic` in kiln, which never raises for it)."""
+    _check_tensor("maybe_mark_dynamic", tensor)
+    mark_dims(tensor, WEAK_DYNAMIC_ATTR, dim)
+
+
+def mark_static(tensor: Any, dim: int | list[int] | None = None) -> None:
+    """Keep `dim` (every dim when None) of `tensor` specialized, even under dynamic=True or
+    after its size changed between calls. A module (torch.compile accepts one) is static
+    already: its parameters and buffers never become dynamic."""
+    if isinstance(tensor, torch.nn.Module) or isinstance(tensor, type):
+        return
+    _check_tensor("mark_static", tensor)
+    mark_dims(tensor, STATIC_ATTR, range(tensor.dim()) if dim is None else dim)
+
+
+def _check_tensor(name: str, tensor: Any) -> None:
+    if not isinstance(tensor, torch.Tensor):
+        raise InvalidArgument(f"kiln.{name}() expects a tensor, got {type(tensor).__name__}",
+                              hint=f"call kiln.{name}(x, 0) on the tensor argument")
 
 
 def reset() -> None:

@@ -164,13 +164,19 @@ class RecompileReason:
     location: UserLocation | None
     failures: tuple[GuardFailure, ...]
     entry_count: int
+    # what this recompile makes dynamic, in words ("x.shape[0] changed from 1 to 2")
+    became_dynamic: tuple[str, ...] = ()
 
     def render(self) -> str:
         where = f" ({self.location.short()})" if self.location is not None else ""
         at_break = _break_location(self.function, self.location)
         why = "; ".join(f.render(at_break) for f in self.failures) or "no cache entry matched"
+        dynamic = ""
+        if self.became_dynamic:
+            dynamic = (f"; now dynamic (automatic dynamic: the value changed between calls): "
+                       f"{', '.join(user_terms(d) for d in self.became_dynamic)}")
         return (f"Recompiling {user_terms(self.function)}{where}, entry {self.entry_count}: "
-                f"{why}")
+                f"{why}{dynamic}")
 
     __str__ = render
 

@@ -19,6 +19,8 @@ class GraphRecord:
     ops: list[Any]
     guards: list[GuardRecord]
     compile_seconds: dict[str, float]
+    # the graph's symbolic input dims, each with why: "x.shape[0] (dynamic=True)"
+    dynamic_dims: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass

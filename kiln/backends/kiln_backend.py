@@ -27,6 +27,7 @@ from typing import Any, Callable
 import torch
 
 from kiln.autograd import aot_compile
+from kiln.backends.per_size import per_size
 from kiln.backends.registry import register_backend
 from kiln.config import config
 from kiln.errors import KilnConfigError, KilnError
@@ -64,8 +65,13 @@ def kiln_backend(gm: torch.fx.GraphModule, example_inputs: list, *, mode: str | 
     if _on_cpu(example_inputs):
         _check_interpreter()
     _note_unimplemented(opts)
-    compiled = compile_captured(gm, list(example_inputs), opts)
-    return guard_storage_offsets(compiled, gm, list(example_inputs))
+
+    def compile_static(graph: torch.fx.GraphModule, inputs: list) -> Callable[..., Any]:
+        return guard_storage_offsets(compile_captured(graph, inputs, opts), graph, inputs)
+
+    # kernels are generated for static sizes (stage C): a graph with symbolic sizes compiles
+    # once per set of input sizes behind its one capture
+    return per_size(compile_static, gm, list(example_inputs))
 
 
 def guard_storage_offsets(compiled: Callable[..., Any], gm: torch.fx.GraphModule,

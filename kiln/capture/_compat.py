@@ -7,7 +7,11 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 __all__ = ["FakeTensor", "FakeTensorMode", "autocast_state", "new_fake_mode", "is_fake",
-           "DataDependentError", "enter_autocast", "exit_autocast", "set_grad_enabled"]
+           "DataDependentError", "enter_autocast", "exit_autocast", "set_grad_enabled",
+           "SYM_TYPES", "new_symbolic_fake_mode", "symbolic_dispatch", "symbolic_fake",
+           "is_symbolic", "symbol_of",
+           "concrete", "hint", "shape_env_facts", "SymbolPrinter", "SYM_SIZE", "SYM_STRIDE",
+           "SYM_NUMEL", "SYM_STORAGE_OFFSET"]
 
 try:  # where torch raises when a fake tensor's value would be needed
     from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
@@ -45,3 +49,113 @@ def is_fake(value: Any) -> bool:
 set_grad_enabled = torch._C._set_grad_enabled
 enter_autocast = torch.amp.autocast_mode._enter_autocast
 exit_autocast = torch.amp.autocast_mode._exit_autocast
+
+
+# -- symbolic sizes (issue 15, docs/dynamic_shapes.md) -------------------------------------------
+# torch's ShapeEnv and symbolic FakeTensors: the meta functions of every ATen op accept SymInts,
+# and the ShapeEnv records each fact a trace relied on (`s0 > 4`) as a guard.
+from torch.fx.experimental.symbolic_shapes import (DimDynamic, ShapeEnv,  # noqa: E402
+                                                   StatelessSymbolicContext)
+from torch.utils._sympy.printers import PythonPrinter  # noqa: E402
+
+SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
+# the graph nodes that read a size at run time (what Dynamo and export emit)
+SYM_SIZE = torch.ops.aten.sym_size.int
+SYM_STRIDE = torch.ops.aten.sym_stride.int
+SYM_NUMEL = torch.ops.aten.sym_numel.default
+SYM_STORAGE_OFFSET = torch.ops.aten.sym_storage_offset.default
+
+
+def new_symbolic_fake_mode() -> FakeTensorMode:
+    """Capture's fake mode: with a ShapeEnv, so chosen dims can be symbolic. Static tensors
+    (`from_tensor(static_shapes=True)`) behave as without one. Ops whose output size depends on
+    values (`nonzero`) and scalar outputs (`item`) still raise, so they break the graph as
+    before (unbacked sizes are stage D). No duck sizing: two dims equal by chance at capture
+    stay separate symbols, so the next call need not keep them equal (an op that needs them
+    equal records that as a guard)."""
+    shape_env = ShapeEnv(allow_scalar_outputs=False, allow_dynamic_output_shape_ops=False,
+                         duck_shape=False, specialize_zero_one=True)
+    return FakeTensorMode(shape_env=shape_env, allow_non_fake_inputs=False)
+
+
+def symbolic_fake(fake_mode: FakeTensorMode, real: torch.Tensor, dynamic_dims: set[int],
+                  name: str) -> FakeTensor:
+    """A fake copy of `real` whose `dynamic_dims` are symbols (sizes 0 and 1 stay plain ints:
+    torch specializes them); `name` only labels the symbols in torch's own messages."""
+    from torch._dynamo.source import LocalSource  # a torch Source: the ShapeEnv requires one
+    sizes = [DimDynamic.DYNAMIC if d in dynamic_dims else DimDynamic.STATIC
+             for d in range(real.dim())]
+    context = StatelessSymbolicContext(dynamic_sizes=sizes)
+    return fake_mode.from_tensor(real, source=LocalSource(name), symbolic_context=context)
+
+
+def symbolic_dispatch(active: bool) -> Any:
+    """Around fake computations on symbolic sizes: torch's Python dispatcher, whose kernels
+    for composite ops (`F.pad`'s `constant_pad_nd`, ...) accept SymInts where the C++ ones
+    want concrete sizes (Dynamo traces the same way). Nothing when `active` is False."""
+    import contextlib
+    if not active:
+        return contextlib.nullcontext()
+    from torch._dispatch.python import enable_python_dispatcher
+    return enable_python_dispatcher()
+
+
+def is_symbolic(value: Any) -> bool:
+    """A SymInt/SymFloat/SymBool whose value is not a known constant."""
+    return isinstance(value, SYM_TYPES) and not value.node.is_constant() and \
+        bool(value.node.expr.free_symbols)
+
+
+def symbol_of(value: Any) -> Any:
+    """The sympy symbol a size is, when it is exactly one fresh symbol; else None."""
+    if not isinstance(value, torch.SymInt):
+        return None
+    expr = value.node.expr
+    return expr if expr.is_Symbol else None
+
+
+def concrete(value: Any) -> Any:
+    """`value` as a plain Python number; a symbolic one is specialized to the value seen while
+    tracing, and the ShapeEnv records that as a guard (`Eq(s0, 8)`)."""
+    if isinstance(value, torch.SymBool):
+        return bool(value)
+    if isinstance(value, torch.SymInt):
+        return int(value)
+    if isinstance(value, torch.SymFloat):
+        return float(value)
+    return value
+
+
+def hint(value: Any) -> Any:
+    """The value a symbolic number had while tracing, without guarding on it (for probes whose
+    answer does not depend on sizes); a plain number as it is."""
+    if isinstance(value, SYM_TYPES):
+        return value.node.hint if value.node.hint is not None else concrete(value)
+    return value
+
+
+def shape_env_facts(fake_mode: FakeTensorMode, symbols: Any) -> tuple[list, dict]:
+    """What a finished trace assumed about its `symbols`: the guards the ShapeEnv recorded,
+    simplified with its final replacements (those that became always true dropped), and each
+    symbol's replacement (a constant when it was specialized, another symbol when two sizes
+    were found equal; the symbol itself otherwise)."""
+    env = fake_mode.shape_env
+    replaced = {s: env.replace(s) for s in symbols}
+    facts = []
+    for guard in env.guards:
+        expr = env.simplify(guard.expr)
+        if expr != True and expr not in facts:  # noqa: E712 - a sympy true, not a Python bool
+            facts.append(expr)
+    return facts, replaced
+
+
+class SymbolPrinter(PythonPrinter):
+    """Python source for a sympy size expression, each symbol printed by `names` (a symbol ->
+    source text mapping)."""
+
+    def __init__(self, names: dict) -> None:
+        super().__init__()
+        self.names = names
+
+    def _print_Symbol(self, expr: Any) -> str:  # noqa: N802 - sympy's printer protocol
+        return self.names[expr]

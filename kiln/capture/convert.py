@@ -26,6 +26,7 @@ from kiln.capture.module_version import MODULE_VERSION
 from kiln.capture.output_graph import OutputGraph
 from kiln.capture.settings import CompileSettings
 from kiln.capture.distributed import eager_wrapper_reason
+from kiln.capture.dynamic_dims import DynamicPolicy
 from kiln.capture.skip import SkipDecisions
 from kiln.capture.sources import Closure, Local
 from kiln.capture.translator import StopAtBreak, Translator
@@ -143,16 +144,18 @@ class CompiledFunction:
             return self.probe
         namespace = {**self.dispatcher.namespace, **dict(zip(cache.params, values))}
         if cache.entries:
-            self._report_recompile(namespace)
-            cache.note_changed_scalars(namespace)
+            became = cache.note_changed_dims(namespace, self.settings.dynamic is not False)
+            became += cache.note_changed_scalars(namespace)
+            self._report_recompile(namespace, tuple(became))
         if self._over_limit(values):
             return self.dispatcher.eager
         return self._compile(dict(zip(cache.params, values)))
 
-    def _report_recompile(self, namespace: dict[str, Any]) -> None:
+    def _report_recompile(self, namespace: dict[str, Any], became_dynamic: tuple[str, ...]) -> None:
         code = self.cache.code
         reason = RecompileReason(code.co_qualname, UserLocation.from_code(code),
-                                 tuple(self.cache.failures(namespace)), len(self.cache.entries) + 1)
+                                 tuple(self.cache.failures(namespace)), len(self.cache.entries) + 1,
+                                 became_dynamic)
         records.emit("recompiles", reason)
         if artifact_enabled("recompiles"):
             artifact_logger("recompiles").info(reason.render())
@@ -305,7 +308,9 @@ def _capture(fn: types.FunctionType, f_locals: dict[str, Any], cache: CodeCache,
              settings: CompileSettings, brk: Unsupported | None,
              trace_numpy: bool = True) -> CacheEntry:
     start = time.perf_counter()
-    output = OutputGraph(cache.consts, frozenset(cache.dynamic), trace_numpy)
+    policy = DynamicPolicy(settings.dynamic,
+                           {expr: frozenset(dims) for expr, dims in cache.dynamic_dims.items()})
+    output = OutputGraph(cache.consts, frozenset(cache.dynamic), trace_numpy, policy)
     output.guards.ambient()
     code = fn.__code__
     local_vars = {name: LazyVT(value, Local(name)) for name, value in f_locals.items()}
@@ -330,6 +335,7 @@ def _capture(fn: types.FunctionType, f_locals: dict[str, Any], cache: CodeCache,
         torch._C._set_grad_enabled(grad_mode)
         for mode in reversed(output.open_contexts):
             mode.__exit__(None, None, None)
+    output.symbolic_guards()  # what the trace assumed about symbolic sizes, now all known
     captured = time.perf_counter()
     namespace: dict[str, Any] = {}
     if entry_code.gm is not None:
@@ -343,7 +349,7 @@ def _capture(fn: types.FunctionType, f_locals: dict[str, Any], cache: CodeCache,
         code.co_qualname, entry_code.gm,
         [n.target for n in entry_code.gm.graph.nodes if n.op.startswith("call")]
         if entry_code.gm is not None else [],
-        [g.record() for g in guards], times))
+        [g.record() for g in guards], times, output.symbolic.describe(output.fake_mode)))
     return CacheEntry(guards, entry_code.body, namespace, [MODULE_VERSION[0]],
                       _id_key(tuple(f_locals.values())), entry_code.gm)
 

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import torch
 
+from kiln.capture.dynamic_dims import changed_dims
 from kiln.capture.guards import AMBIENT_NAMESPACE, Constants, Guard
 from kiln.capture.module_version import MODULE_VERSION
 from kiln.diagnostics import GuardFailure, Unsupported
@@ -62,6 +63,8 @@ class CodeCache:
         self.consts = Constants()
         self.skip: Unsupported | None = None
         self.dynamic: set[str] = set()  # scalars whose value changed: kept symbolic from now on
+        # tensor dims whose size changed, per source expression: symbolic from now on
+        self.dynamic_dims: dict[str, set[int]] = {}
         self.fallback: Callable | None = None  # the route-only copy run when `skip` is set
         self.version = 0
         self.warned_limit = False
@@ -91,13 +94,31 @@ class CodeCache:
                     break
         return found
 
-    def note_changed_scalars(self, namespace: dict[str, Any]) -> None:
+    def note_changed_scalars(self, namespace: dict[str, Any]) -> list[str]:
         """Automatic dynamic: an int/float guard of the newest entry that failed marks that value
-        symbolic in the next capture (TorchDynamo's automatic_dynamic for scalars)."""
+        symbolic in the next capture (TorchDynamo's automatic_dynamic for scalars). Returns
+        what became dynamic, in words."""
+        newly = []
         for guard in self.entries[0].guards if self.entries else ():
             if guard.kind == "constant" and type(guard.expected) in (int, float) and \
-                    guard.failure(namespace) is not None:
+                    guard.value not in self.dynamic and guard.failure(namespace) is not None:
                 self.dynamic.add(guard.value)
+                newly.append(f"{guard.user} changed from {guard.expected!r}")
+        return newly
+
+    def note_changed_dims(self, namespace: dict[str, Any], enabled: bool) -> list[str]:
+        """Automatic dynamic for tensor sizes: each dim whose size guard of the newest entry
+        failed is symbolic in the next capture (sizes 0 and 1 still specialize there). Returns
+        what became dynamic, in words; `enabled` False (dynamic=False) records nothing."""
+        if not enabled or not self.entries:
+            return []
+        newly = []
+        for change in changed_dims(self.entries[0].guards, namespace):
+            dims = self.dynamic_dims.setdefault(change.expr, set())
+            if change.dim not in dims:
+                dims.add(change.dim)
+                newly.append(change.render())
+        return newly
 
 
 # Keyed by code object *identity*: equal code objects (two identical nested functions) must not

@@ -228,6 +228,7 @@ def build_entry_code(output: OutputGraph, result: VT) -> EntryCode:
 def _finish(output: OutputGraph, rebuild: _Rebuilder, tail: list[str]) -> EntryCode:
     """Close the graph over the values `tail` reads and put the graph call in front of it."""
     tail = [*rebuild.prelude, *tail]
+    output.drop_dead_sizes(rebuild.outputs)
     if output.call_count() == 0:
         return EntryCode(tail, None, [])
     output.graph.output(tuple(rebuild.outputs))

@@ -45,6 +45,9 @@ class Guard:
     location: UserLocation | None = None
     display: str | None = None  # how the whole guard reads to the user, when `user op expected` won't
     slot: Any = None  # InstanceSlot of a rebindable module-identity guard (kind "instance")
+    # a size guard: (tensor source expr, dim; None for the whole shape), read by automatic
+    # dynamic to learn which dims changed (`dynamic_dims.changed_dims`)
+    shape_of: tuple[str, int | None] | None = None
 
     def source(self) -> str:
         if self.slot is not None:  # identity through an InstanceSlot bound as `expected_src`
@@ -234,8 +237,10 @@ class GuardSet:
                        display=f"{attr!r} in {source.name()}.__dict__"))
 
     def tensor_match(self, source: Source, value: torch.Tensor, *, module: bool = False,
-                     location: UserLocation | None = None) -> None:
-        """Type, dtype, device, shape, strides and requires_grad, cheapest first."""
+                     location: UserLocation | None = None,
+                     symbolic_dims: set[int] = frozenset()) -> None:
+        """Type, dtype, device, shape, strides and requires_grad, cheapest first; for a tensor
+        with `symbolic_dims`, the shape guard lists only its static dims."""
         e, n = source.expr(), source.name()
         self.type_match(source, value, module=module, location=location)
         self._add(f"{e}.dtype", "is", value.dtype, f"{n}.dtype", "dtype", module=module,
@@ -244,10 +249,26 @@ class GuardSet:
                   location=location)
         self._add(f"{e}.requires_grad", "is", value.requires_grad, f"{n}.requires_grad",
                   "requires_grad", module=module, location=location)
-        self._add(f"tuple({e}.shape)", "==", tuple(value.shape), f"{n}.shape", "shape",
-                  module=module, location=location)
+        if symbolic_dims:
+            self._symbolic_shape(source, value, symbolic_dims, module=module, location=location)
+            return  # the strides of a symbolic tensor are guarded with its sizes (shape_guards)
+        self.add(Guard(f"tuple({e}.shape)", "==", repr(tuple(value.shape)), tuple(value.shape),
+                       f"{n}.shape", "shape", module, location, shape_of=(e, None)))
         self._add(f"{e}.stride()", "==", tuple(value.stride()), f"{n}.stride()", "stride",
                   module=module, location=location)
+
+    def _symbolic_shape(self, source: Source, value: torch.Tensor, symbolic_dims: set[int], *,
+                        module: bool, location: UserLocation | None) -> None:
+        """The exact-shape guard of a tensor with symbolic dims: its number of dims, then each
+        static dim (the symbolic ones are guarded by what the trace assumed, `shape_guards`)."""
+        e, n = source.expr(), source.name()
+        self._add(f"{e}.dim()", "==", value.dim(), f"{n}.dim()", "shape", module=module,
+                  location=location)
+        for dim, size in enumerate(value.shape):
+            if dim not in symbolic_dims:
+                self.add(Guard(f"{e}.shape[{dim}]", "==", repr(int(size)), int(size),
+                               f"{n}.shape[{dim}]", "shape", module, location,
+                               shape_of=(e, dim)))
 
     # -- ambient state -------------------------------------------------------------------------
     def ambient(self) -> None:

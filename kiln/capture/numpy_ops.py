@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
+from kiln.capture import _compat
 from kiln.capture.numpy_ref import (NumpyRef, check_python_ints, describe_result, np, reference,
                                     standin, torch_dtype)
 from kiln.capture.unsupported import unsupported
@@ -29,7 +30,7 @@ from kiln.capture.variables.base import VT, ConstantVT
 from kiln.capture.variables.containers import ListVT, SliceVT, TupleVT
 from kiln.capture.variables.ndarray import NdarrayVT
 from kiln.capture.variables.scalars import SymScalarVT
-from kiln.capture.variables.tensor import TensorVT, graph_call
+from kiln.capture.variables.tensor import TensorVT, graph_call, size_vt
 
 if TYPE_CHECKING:
     from kiln.capture.translator import Translator
@@ -72,10 +73,12 @@ def _probe_kernel(target: Any, args: list[VT], kwargs: dict[str, VT]) -> None:
     no division by zero): fake tensors accept dtypes some CPU kernels lack (torch.abs on bool),
     and such an op must break at compile time, not raise when the graph runs."""
     def real(vt: Any) -> Any:
-        if isinstance(vt, TensorVT):
-            return torch.ones(vt.fake.shape, dtype=vt.fake.dtype)
+        if isinstance(vt, TensorVT):  # sizes as seen while tracing: a probe guards nothing
+            return torch.ones([_compat.hint(d) for d in vt.fake.shape], dtype=vt.fake.dtype)
         if isinstance(vt, (ListVT, TupleVT)):
             return type(vt.items)(real(i) for i in vt.items)
+        if isinstance(vt, SymScalarVT) and vt.is_size():
+            return _compat.hint(vt.value)
         return vt.as_constant() if isinstance(vt, VT) else vt
     try:
         with torch.no_grad():
@@ -356,8 +359,8 @@ def torch_interop(tx: Translator, fn: Any, args: list[VT], kwargs: dict[str, VT]
         if arr.scalar or dtype is not None:
             unsupported("numpy-tensor-mix", "torch.from_numpy() of a NumPy scalar",
                         category="user-fixable")
-        return method(tx, "view", t, tuple(t.fake.shape))
+        return method(tx, "view", t, size_vt(tx, t))
     converted = cast(tx, t, dtype) if dtype is not None else t
     if fn is torch.tensor or arr.scalar:
         return converted if converted is not t else method(tx, "clone", t)
-    return converted if converted is not t else method(tx, "view", t, tuple(t.fake.shape))
+    return converted if converted is not t else method(tx, "view", t, size_vt(tx, t))

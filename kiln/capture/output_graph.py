@@ -13,11 +13,14 @@ import torch
 import torch.fx
 
 from kiln.capture import _compat
+from kiln.capture.dynamic_dims import DynamicPolicy
 from kiln.capture.guards import Constants, GuardSet
+from kiln.capture.shape_guards import SymbolicInputs
 from kiln.capture.sources import Source
 from kiln.capture.unsupported import unsupported
 
 if TYPE_CHECKING:
+    from kiln.capture.variables.scalars import SymScalarVT
     from kiln.capture.variables.tensor import TensorVT
 
 __all__ = ["OutputGraph", "GraphInput"]
@@ -34,9 +37,13 @@ class GraphInput:
 
 class OutputGraph:
     def __init__(self, consts: Constants | None = None,
-                 dynamic_scalars: frozenset[str] = frozenset(), trace_numpy: bool = True) -> None:
+                 dynamic_scalars: frozenset[str] = frozenset(), trace_numpy: bool = True,
+                 dynamic: DynamicPolicy | None = None) -> None:
         self.graph = torch.fx.Graph()
-        self.fake_mode = _compat.new_fake_mode(allow_non_fake_inputs=False)
+        self.fake_mode = _compat.new_symbolic_fake_mode()
+        self.dynamic = dynamic if dynamic is not None else DynamicPolicy()
+        self.symbolic = SymbolicInputs()  # the symbolic dims of the inputs, for their guards
+        self._size_nodes: dict[tuple, SymScalarVT] = {}
         self.consts = consts if consts is not None else Constants()
         self.guards = GuardSet(self.consts)
         self.inputs: list[GraphInput] = []
@@ -54,8 +61,11 @@ class OutputGraph:
         self.numpy_traced = False  # this trace did (a failure then retries without it)
 
     # -- inputs --------------------------------------------------------------------------------
-    def input_for(self, value: torch.Tensor, source: Source, python_type: type) -> TensorVT:
-        """The tracker for a real tensor read from `source`; one placeholder per tensor object."""
+    def input_for(self, value: torch.Tensor, source: Source, python_type: type,
+                  module_state: bool = False) -> TensorVT:
+        """The tracker for a real tensor read from `source`; one placeholder per tensor object.
+        Its dims chosen by the dynamic policy are symbolic (`module_state`: read from a
+        module's attributes)."""
         from kiln.capture.variables.tensor import TensorVT
         known = self._input_by_id.get(id(value))
         if known is not None:
@@ -63,7 +73,12 @@ class OutputGraph:
         if type(value) not in (torch.Tensor, torch.nn.Parameter):
             unsupported("tensor-subclass", f"{source.name()} is a tensor subclass "
                         f"({type(value).__qualname__}), which capture does not handle yet")
-        fake = self.fake_mode.from_tensor(value, static_shapes=True)
+        dims = self.dynamic.dims_for(value, source.expr(), module_state)
+        if dims:
+            fake = _compat.symbolic_fake(self.fake_mode, value, set(dims), source.ident())
+            self.symbolic.add(source, fake, module_state, dims)
+        else:
+            fake = self.fake_mode.from_tensor(value, static_shapes=True)
         node = self._placeholder(source)
         node.meta["val"] = fake
         node.meta["source"] = source.name()
@@ -97,13 +112,41 @@ class OutputGraph:
         self._names[base] = count + 1
         return base if count == 0 else f"{base}_{count}"
 
+    def symbolic_guards(self) -> None:
+        """Add the guards on symbolic sizes (once the trace is done: see `shape_guards`)."""
+        for guard in self.symbolic.guards(self.fake_mode):
+            self.guards.add(guard)
+
+    def drop_dead_sizes(self, keep: list[torch.fx.Node]) -> None:
+        """Erase the size arithmetic nothing uses but the `keep` outputs: a branch's
+        `x.shape[0] > 4` was decided at capture and lives on as a guard, not as a node."""
+        kept = set(keep)
+        for node in reversed(list(self.graph.nodes)):
+            if node.op == "call_function" and not node.users and node not in kept and \
+                    isinstance(node.meta.get("val"), _compat.SYM_TYPES):
+                self.graph.erase_node(node)
+                self._size_nodes = {k: v for k, v in self._size_nodes.items() if v.node is not node}
+
+    def size_node(self, tensor: TensorVT, op: Any, args: tuple, value: Any) -> SymScalarVT:
+        """A symbolic size of `tensor` read in the graph (`op` is `sym_size.int`, ...): one node
+        per (tensor, op, args), the ShapeEnv value as its example."""
+        from kiln.capture.variables.scalars import SymScalarVT
+        key = (tensor.node, op, args)
+        known = self._size_nodes.get(key)
+        if known is None:
+            node = self.graph.create_node("call_function", op, (tensor.node, *args), {})
+            node.meta["val"] = value
+            self._attach_location(node)
+            known = self._size_nodes[key] = SymScalarVT(node, value, (), self)
+        return known
+
     # -- nodes ---------------------------------------------------------------------------------
     def create_node(self, op: str, target: Any, args: tuple, kwargs: dict,
                     fake_fn: Callable[[], Any]) -> tuple[torch.fx.Node, Any]:
         """Add a node and compute its fake value by calling `fake_fn` under the fake mode."""
         node = self.graph.create_node(op, target, args, kwargs)
         try:
-            with self.fake_mode:
+            with self.fake_mode, _compat.symbolic_dispatch(bool(self.symbolic)):
                 value = fake_fn()
         except _compat.DataDependentError as err:
             self.graph.erase_node(node)

@@ -1,5 +1,5 @@
 """settings: `CompileSettings`, what one `kiln.compile` call fixes for every frame it compiles
-(backend, fullgraph, mode, options), and the cache key they make.
+(backend, fullgraph, mode, options, dynamic), and the cache key they make.
 
 Below the frame compiler (`convert.py`), the break machinery (`breaks.py`) and the entry code
 builder (`entry.py`), which all carry it; `kiln.capture.convert` re-exports it.
@@ -19,6 +19,7 @@ class CompileSettings:
     fullgraph: bool = False
     mode: str | None = None
     options: tuple = ()
+    dynamic: bool | None = None  # kiln.compile(dynamic=...): see capture/dynamic_dims.py
 
     def key(self) -> tuple:
-        return (self.backend, self.fullgraph, self.mode, self.options)
+        return (self.backend, self.fullgraph, self.mode, self.options, self.dynamic)

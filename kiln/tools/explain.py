@@ -29,6 +29,8 @@ class ExplainOutput:
     compile_times: dict[str, float]
     recompile_reasons: list[RecompileReason] = dataclasses.field(default_factory=list)
     saved_reports: list[str] = dataclasses.field(default_factory=list)
+    # per graph: its symbolic input dims, each with why ("x.shape[0] (dynamic=True)")
+    dynamic_dims: list[tuple[str, ...]] = dataclasses.field(default_factory=list)
 
     @property
     def guards(self) -> list[GuardRecord]:
@@ -46,6 +48,10 @@ class ExplainOutput:
         for i, ops in enumerate(self.ops_per_graph):
             lines.append(f"Ops per Graph ({i + 1}): {len(ops)}")
             lines.extend(f"  {op_name(op)}" for op in ops)
+        if any(self.dynamic_dims):
+            lines.append("Dynamic dims (symbolic sizes: one graph for every size):")
+            lines.extend(f"  graph {i + 1}: {', '.join(dims)}"
+                         for i, dims in enumerate(self.dynamic_dims) if dims)
         if self.recompile_reasons:
             lines.append("Recompiles:")
             lines.extend(_indent(r.render()) for r in self.recompile_reasons)
@@ -109,11 +115,12 @@ def op_name(op: Any) -> str:
     return f"{module}.{name}" if module else name
 
 
-def explain(fn: Callable, *extra_args: Any, backend: Any = None,
+def explain(fn: Callable, *extra_args: Any, backend: Any = None, dynamic: bool | None = None,
             **extra_kwargs: Any) -> Callable[..., ExplainOutput]:
     """`kiln.explain(fn)(*args)`: compile `fn` afresh, call it once and return what kiln recorded.
     With the default the graphs run as captured; `backend="aot_eager"` also reports what the
-    autograd stage saves for backward."""
+    autograd stage saves for backward; `dynamic` is kiln.compile's (symbolic sizes, and the
+    guards on them, show in the report)."""
     from kiln.api import compile as kiln_compile
     from kiln.backends import lookup_backend
 
@@ -122,7 +129,7 @@ def explain(fn: Callable, *extra_args: Any, backend: Any = None,
         records.active_recorders().append(recorder)
         chosen = _ExplainBackend() if backend is None else _Fresh(lookup_backend(backend))
         try:
-            compiled = kiln_compile(fn, backend=chosen)
+            compiled = kiln_compile(fn, backend=chosen, dynamic=dynamic)
             compiled(*args, **kwargs)
         finally:
             records.active_recorders().remove(recorder)
@@ -171,4 +178,5 @@ def _summarize(recorder: records.Recorder) -> ExplainOutput:
     breaks = _unique_by_cost(recorder.breaks)
     return ExplainOutput(graphs, len(graphs), len(breaks), breaks,
                          sum(len(o) for o in ops), ops, guards, times,
-                         list(recorder.recompiles), list(recorder.saved))
+                         list(recorder.recompiles), list(recorder.saved),
+                         [g.dynamic_dims for g in recorder.graphs if g.graph is not None])

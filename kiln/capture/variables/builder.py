@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kiln.capture import rules
+from kiln.capture import _compat, rules
 from kiln.capture.sources import Attr, FnClosure, Item, RefItem, Source, is_literal_key
 from kiln.capture.unsupported import unsupported
 from kiln.capture.variables.base import VT, ConstantVT
@@ -60,8 +60,9 @@ def _wrap(tx: Translator, value: Any, source: Source, module_guard: bool) -> VT:
     guards = tx.output.guards
     loc = tx.location()
     if isinstance(value, torch.Tensor):
-        vt = tx.output.input_for(value, source, type(value))
-        guards.tensor_match(source, value, module=module_guard, location=loc)
+        vt = tx.output.input_for(value, source, type(value), module_state=module_guard)
+        guards.tensor_match(source, value, module=module_guard, location=loc,
+                            symbolic_dims=symbolic_dims(vt.fake))
         if vt.source is not source and vt.source != source:  # the same tensor seen twice
             guards.id_match(source, value, module=module_guard, location=loc)
         return vt
@@ -122,6 +123,10 @@ def _wrap(tx: Translator, value: Any, source: Source, module_guard: bool) -> VT:
     # are read (and guarded) as the code uses them
     guards.type_match(source, value, module=module_guard, location=loc)
     return UserObjectVT(value, source, tx.output)
+
+
+def symbolic_dims(fake: torch.Tensor) -> set[int]:
+    return {d for d, size in enumerate(fake.shape) if _compat.is_symbolic(size)}
 
 
 def wrap_derived(tx: Translator, value: Any) -> VT:

@@ -19,7 +19,7 @@ from kiln.capture.variables.containers import DictVT, IteratorVT, ListVT, SliceV
 from kiln.capture.variables.ndarray import NdarrayVT
 from kiln.capture.variables.objects import AutocastVT, GradModeVT
 from kiln.capture.variables.scalars import SymScalarVT, scalar_op, specialize_all
-from kiln.capture.variables.tensor import TensorVT, graph_call
+from kiln.capture.variables.tensor import TensorVT, dim_vt, graph_call
 
 if TYPE_CHECKING:
     from kiln.capture.translator import Translator
@@ -99,7 +99,7 @@ def _wrap_value(value: Any) -> VT:
 def _foldable(vt: VT) -> bool:
     """Values a builtin may be evaluated on at compile time. Opaque objects (a NumPy scalar, a
     frame object) are not: folding them would bake one call's value into the graph."""
-    if isinstance(vt, ListVT):
+    if isinstance(vt, (ListVT, TupleVT)):  # a tuple: `math.prod(x.shape)` of symbolic sizes
         return all(_foldable(i) for i in vt.items)
     return vt.is_constant() or isinstance(vt, SymScalarVT)
 
@@ -150,6 +150,9 @@ def binary_op(tx: Translator, op: Callable, a: VT, b: VT) -> VT:
                                                (int, float, bool)) for v in (a, b)):
             return scalar_op(tx, plain, [a, b])
         a, b = specialize_all(a), specialize_all(b)
+    if isinstance(a, (TupleVT, ListVT)) and isinstance(b, (TupleVT, ListVT)) and \
+            any(isinstance(i, SymScalarVT) for i in (*a.items, *b.items)):
+        return _compare_sizes(tx, plain, a, b)
     if isinstance(a, ListVT) and op is operator.iadd:
         a.call_method(tx, "extend", [b], {})
         return a
@@ -176,6 +179,22 @@ def binary_op(tx: Translator, op: Callable, a: VT, b: VT) -> VT:
     unsupported("operator", f"{_name(op)} on {a.describe()} and {b.describe()}")
 
 
+def _compare_sizes(tx: Translator, op: Callable, a: VT, b: VT) -> VT:
+    """`a == b` / `a != b` on sequences holding symbolic sizes (`x.shape == y.shape`): item by
+    item, as Python does, so each symbolic pair asks the ShapeEnv (a guard) instead of
+    specializing both sizes. Other operators specialize the items and fold."""
+    if op not in (operator.eq, operator.ne):
+        return binary_op(tx, op, _specialized_items(a), _specialized_items(b))
+    equal = len(a.items) == len(b.items) and all(
+        binary_op(tx, operator.eq, x, y).truth(tx) for x, y in zip(a.items, b.items))
+    return ConstantVT(equal == (op is operator.eq))
+
+
+def _specialized_items(seq: VT) -> VT:
+    items = [specialize_all(i) for i in seq.items]
+    return ListVT(items) if isinstance(seq, ListVT) else TupleVT(items, seq.cls)
+
+
 def _identity_equality(vt: VT) -> bool:
     """Objects whose `==` is identity (object.__eq__): never equal to a constant of another kind.
     Objects with their own `__eq__` (a NumPy array read from the frame) are not folded."""
@@ -190,7 +209,9 @@ def _identity_equality(vt: VT) -> bool:
 def _len(tx: Translator, args: Args, kwargs: Kwargs) -> VT | None:
     (obj,) = args
     if isinstance(obj, TensorVT):
-        return ConstantVT(obj.fake.shape[0])
+        if obj.fake.dim() == 0:
+            unsupported("len-0d", "len() of a 0-d tensor", category="user-fixable")
+        return dim_vt(tx, obj, 0)
     if isinstance(obj, (TupleVT, ListVT)):
         return ConstantVT(len(obj.items))
     if isinstance(obj, DictVT):

@@ -1,10 +1,14 @@
-"""Python numbers that stay symbolic: graph inputs instead of guarded constants.
+"""Python numbers that stay symbolic: graph nodes instead of guarded constants.
 
-An int or float read from a source whose value already changed once between calls (automatic
-dynamic, as TorchDynamo does) becomes a graph input, so new values reuse the graph. It stays
-symbolic only through arithmetic with tensors and other numbers; anything that needs the value
-itself (a branch, a shape, a Python call) specializes it: the sources it came from get their
-equality guards back and the value is used as a constant.
+Two kinds. An int or float read from a source whose value already changed once between calls
+(automatic dynamic, as TorchDynamo does) becomes a graph input, so new values reuse the graph:
+it stays symbolic only through arithmetic with tensors and other numbers; anything that needs the
+value itself (a branch, a shape, a Python call) specializes it: the sources it came from get
+their equality guards back and the value is used as a constant.
+
+A size of a tensor with symbolic dims (`x.shape[0]`, `x.numel()`, arithmetic on them) is a
+`sym_size` node whose example is a torch SymInt: it may decide shapes (`x.view(b, -1)`), and a
+branch on it (`if x.shape[0] > 4:`) asks the ShapeEnv, which records the answer as a guard.
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.fx
 
+from kiln.capture import _compat
 from kiln.capture.sources import Source
 from kiln.capture.variables.base import VT, ConstantVT
 
@@ -34,6 +39,9 @@ VALUE_ONLY_TARGETS = frozenset({
 })
 
 
+_PYTHON_TYPES = {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}
+
+
 class SymScalarVT(VT):
     """A Python number known only at run time: an FX node (a placeholder or arithmetic on one)
     plus the example value seen while tracing, and the sources it derives from. Asking for its
@@ -47,12 +55,16 @@ class SymScalarVT(VT):
         self.output = output
 
     def python_type(self) -> type:
-        return type(self.value)
+        return _PYTHON_TYPES.get(type(self.value), type(self.value))
 
     def as_constant(self) -> Any:
         for root in self.roots:
             self.output.guards.equals(root, self.output.scalar_examples[root])
-        return self.value
+        return _compat.concrete(self.value)  # a symbolic size: the ShapeEnv records the guard
+
+    def is_size(self) -> bool:
+        """Derived from symbolic sizes only: may flow into any op, shapes included."""
+        return not self.roots and _compat.is_symbolic(self.value)
 
     def truth(self, tx: Translator) -> bool:
         return bool(self.as_constant())
@@ -61,23 +73,27 @@ class SymScalarVT(VT):
         return ConstantVT(self.as_constant()).getattr(tx, name)
 
     def describe(self) -> str:
-        return f"symbolic {type(self.value).__name__} ({self.value!r} while tracing)"
+        return f"symbolic {self.python_type().__name__} ({self.value!r} while tracing)"
 
 
-def specialize_all(value: Any) -> Any:
+def specialize_all(value: Any, sizes: bool = False) -> Any:
     """`value` (a tracker, or a list/tuple/dict of them) with every symbolic number made a
-    guarded constant: for tensor ops whose scalar arguments may decide shapes."""
-    from kiln.capture.variables.containers import ListVT, TupleVT
-    if isinstance(value, SymScalarVT):
+    guarded constant, but symbolic sizes: for tensor ops whose scalar arguments may decide
+    shapes (the fake computation asks the ShapeEnv about a size, which records a guard).
+    `sizes`: symbolic sizes too (for a kernel that takes only concrete ones)."""
+    from kiln.capture.variables.containers import ListVT, SliceVT, TupleVT
+    if isinstance(value, SymScalarVT) and (sizes or not value.is_size()):
         return ConstantVT(value.as_constant())
     if isinstance(value, list):
-        return [specialize_all(v) for v in value]
+        return [specialize_all(v, sizes) for v in value]
     if isinstance(value, dict):
-        return {k: specialize_all(v) for k, v in value.items()}
+        return {k: specialize_all(v, sizes) for k, v in value.items()}
     if isinstance(value, TupleVT):
-        return TupleVT([specialize_all(i) for i in value.items], value.cls)
+        return TupleVT([specialize_all(i, sizes) for i in value.items], value.cls)
     if isinstance(value, ListVT):
-        return ListVT([specialize_all(i) for i in value.items])
+        return ListVT([specialize_all(i, sizes) for i in value.items])
+    if isinstance(value, SliceVT) and sizes:
+        return SliceVT(*(specialize_all(p, sizes) for p in (value.start, value.stop, value.step)))
     return value
 
 

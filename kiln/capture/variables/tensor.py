@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.fx
 
+from kiln.capture import _compat
 from kiln.capture.sources import Source
-from kiln.capture.unsupported import unsupported
+from kiln.capture.unsupported import Unsupported, unsupported
 from kiln.capture.variables.base import VT, ConstantVT
 from kiln.capture.variables.scalars import VALUE_ONLY_TARGETS, SymScalarVT, specialize_all
 
@@ -60,7 +61,7 @@ class TensorVT(VT):
 
     def getattr(self, tx: Translator, name: str) -> VT:
         if name == "shape":
-            return size_vt(self.fake.shape)
+            return size_vt(tx, self)
         if name in _CONSTANT_ATTRS:
             return ConstantVT(getattr(self.fake, name))
         if name in _NODE_ATTRS:
@@ -121,18 +122,49 @@ class TensorMethodVT(VT):
                         category="fundamental",
                         hint="keep the computation in tensors, or move it out of the function")
         if name in _METADATA_METHODS:
-            fake_args = [to_graph_args(a)[1] for a in args]
-            fake_kwargs = {k: to_graph_args(v)[1] for k, v in kwargs.items()}
+            fake_args = [to_graph_args(a)[1] for a in specialize_all(args)]
+            fake_kwargs = {k: to_graph_args(v)[1] for k, v in specialize_all(kwargs).items()}
             result = getattr(self.tensor.fake, name)(*fake_args, **fake_kwargs)
-            return size_vt(result) if isinstance(result, torch.Size) else ConstantVT(result)
+            return metadata_vt(tx, self.tensor, name, (*fake_args, *fake_kwargs.values()),
+                               result)
         if name == "type" and not args and not kwargs:
             return ConstantVT(self.tensor.fake.type())
         return graph_call(tx, "call_method", name, [self.tensor, *args], kwargs)
 
 
-def size_vt(shape: torch.Size) -> VT:
+def size_vt(tx: Translator, tensor: TensorVT) -> VT:
+    """`tensor.shape`: a torch.Size of constants and, for symbolic dims, `sym_size` nodes."""
     from kiln.capture.variables.containers import TupleVT
-    return TupleVT([ConstantVT(int(d)) for d in shape], torch.Size)
+    return TupleVT([dim_vt(tx, tensor, d) for d in range(tensor.fake.dim())], torch.Size)
+
+
+def dim_vt(tx: Translator, tensor: TensorVT, dim: int) -> VT:
+    """`tensor.shape[dim]`: a constant, or a node reading a symbolic size at run time."""
+    size = tensor.fake.shape[dim]
+    if not _compat.is_symbolic(size):
+        return ConstantVT(int(size))
+    return tx.output.size_node(tensor, _compat.SYM_SIZE, (dim % tensor.fake.dim(),), size)
+
+
+# metadata methods whose answer may be a symbolic size, and the graph op that reads it
+_SIZE_OPS = {"stride": _compat.SYM_STRIDE, "numel": _compat.SYM_NUMEL,
+             "nelement": _compat.SYM_NUMEL, "storage_offset": _compat.SYM_STORAGE_OFFSET}
+
+
+def metadata_vt(tx: Translator, tensor: TensorVT, name: str, args: tuple, result: Any) -> VT:
+    """The tracker for `tensor.name(*args)` computed on the fake tensor: constants where the
+    answer is static, size nodes where it is symbolic (`x.size(0)`, `x.numel()`)."""
+    from kiln.capture.variables.containers import TupleVT
+    if name == "size":
+        return size_vt(tx, tensor) if not args else dim_vt(tx, tensor, args[0])
+    if name == "stride" and not args:
+        return TupleVT([metadata_vt(tx, tensor, name, (d,), s) for d, s in enumerate(result)])
+    if _compat.is_symbolic(result) and name in _SIZE_OPS:
+        dims = (args[0] % tensor.fake.dim(),) if args else ()
+        return tx.output.size_node(tensor, _SIZE_OPS[name], dims, result)
+    if isinstance(result, tuple):  # only sizes are kept symbolic: specialize the rest
+        return TupleVT([ConstantVT(_compat.concrete(r)) for r in result])
+    return ConstantVT(_compat.concrete(result))
 
 
 def to_graph_args(vt: Any) -> tuple[Any, Any]:
@@ -171,6 +203,30 @@ def graph_call(tx: Translator, op: str, target: Any, args: list[VT], kwargs: dic
     (the call changes state, like `_set_grad_enabled`)."""
     if target not in VALUE_ONLY_TARGETS:  # a symbolic number could decide a shape here
         args, kwargs = specialize_all(list(args)), specialize_all(dict(kwargs))
+    try:
+        return _record_call(tx, op, target, args, kwargs, keep)
+    except Unsupported as err:
+        # a few kernels take only concrete sizes (F.pad's C++ path): specialize and try again
+        if err.code != "op-failed" or not _has_size([*args, *kwargs.values()]):
+            raise
+    args, kwargs = specialize_all(list(args), sizes=True), specialize_all(dict(kwargs), sizes=True)
+    return _record_call(tx, op, target, args, kwargs, keep)
+
+
+def _has_size(values: list) -> bool:
+    from kiln.capture.variables.containers import ListVT, SliceVT, TupleVT
+    for vt in values:
+        if isinstance(vt, SymScalarVT) and vt.is_size():
+            return True
+        if isinstance(vt, (TupleVT, ListVT)) and _has_size(vt.items):
+            return True
+        if isinstance(vt, SliceVT) and _has_size([vt.start, vt.stop, vt.step]):
+            return True
+    return False
+
+
+def _record_call(tx: Translator, op: str, target: Any, args: list[VT], kwargs: dict[str, VT],
+                 keep: bool) -> VT:
     node_args, fake_args = zip(*(to_graph_args(a) for a in args)) if args else ((), ())
     pairs = {k: to_graph_args(v) for k, v in kwargs.items()}
     node_kwargs = {k: p[0] for k, p in pairs.items()}
@@ -208,11 +264,30 @@ def wrap_result(tx: Translator, node: torch.fx.Node, value: Any, *, keep: bool =
         return TupleVT(items, type(value))
     if isinstance(value, torch.Tensor) or _has_tensor([value]):
         unsupported("graph-result", f"unsupported result type {type(value).__name__}")
+    if _compat.is_symbolic(value) or (isinstance(value, torch.Size) and
+                                       any(_compat.is_symbolic(d) for d in value)):
+        return _wrap_symbolic(tx, node, value)
     if not keep:
         tx.output.graph.erase_node(node)
     if isinstance(value, torch.Size):
-        return size_vt(value)
-    return ConstantVT(value)
+        return TupleVT([ConstantVT(int(d)) for d in value], torch.Size)
+    return ConstantVT(_compat.concrete(value))
+
+
+def _wrap_symbolic(tx: Translator, node: torch.fx.Node, value: Any) -> VT:
+    """A symbolic size an op returned (`torch.Size` items are read with getitem nodes)."""
+    from kiln.capture.variables.containers import TupleVT
+    if not isinstance(value, torch.Size):
+        return SymScalarVT(node, value, (), tx.output)
+    items: list[VT] = []
+    for i, size in enumerate(value):
+        if not _compat.is_symbolic(size):
+            items.append(ConstantVT(int(size)))
+            continue
+        item = tx.output.graph.create_node("call_function", operator.getitem, (node, i))
+        item.meta["val"] = size
+        items.append(SymScalarVT(item, size, (), tx.output))
+    return TupleVT(items, torch.Size)
 
 
 def _has_tensor(values: Any) -> bool:

@@ -1,0 +1,90 @@
+"""Backends that compile per concrete size, under a graph captured with symbolic sizes.
+
+Capture can hand a backend a graph whose inputs have symbolic dims (`x.shape[0]` is `s0`, see
+docs/dynamic_shapes.md, stage A). The autograd stage and the code generator still trace and emit
+for static sizes (stages B and C), so until then `per_size` compiles the graph once per set of
+input sizes, behind one capture: a small cache keyed by the sizes of the symbolic inputs. A size
+that fails to compile, or one beyond the cache's bound, runs the graph as torch ops (eager's
+answer) with a warning, never a wrong one.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+import torch
+
+from kiln.logs import warn_once
+
+__all__ = ["per_size", "symbolic_inputs", "MAX_SIZES"]
+
+log = logging.getLogger("kiln.backends")
+
+MAX_SIZES = 64  # compiled sizes per graph; beyond, calls run the graph as torch ops
+
+Compile = Callable[[torch.fx.GraphModule, list], Callable[..., Any]]
+
+
+def symbolic_inputs(gm: torch.fx.GraphModule) -> list[int]:
+    """Positions of the placeholders whose example (`meta["val"]`) has a symbolic size."""
+    found = []
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for i, node in enumerate(placeholders):
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor) and \
+                any(isinstance(d, torch.SymInt) for d in (*val.shape, *val.stride())):
+            found.append(i)
+    return found
+
+
+def per_size(compile_static: Compile, gm: torch.fx.GraphModule,
+             example_inputs: list) -> Callable[..., Any]:
+    """`compile_static(gm, inputs)` for a static graph; for a symbolic one, a callable that
+    compiles it for each new set of input sizes (see the module docstring)."""
+    dynamic = symbolic_inputs(gm)
+    if not dynamic:
+        return compile_static(gm, example_inputs)
+    return SizeCache(compile_static, gm, dynamic, example_inputs)
+
+
+class SizeCache:
+    """One compiled callable per input sizes (the sizes of the symbolic inputs are the key:
+    capture's guards fix every other size, and the strides as functions of the sizes)."""
+
+    def __init__(self, compile_static: Compile, gm: torch.fx.GraphModule, dynamic: list[int],
+                 example_inputs: list) -> None:
+        self.compile_static = compile_static
+        self.gm = gm
+        self.dynamic = dynamic
+        self.compiled: dict[tuple, Callable[..., Any]] = {}
+        # the first size compiles now, so a backend error surfaces at capture as for static
+        self.compiled[self.key(example_inputs)] = compile_static(gm, list(example_inputs))
+
+    def key(self, args: Any) -> tuple:
+        return tuple(tuple(args[i].shape) for i in self.dynamic)
+
+    def __call__(self, *args: Any) -> Any:
+        key = self.key(args)
+        fn = self.compiled.get(key)
+        if fn is None:
+            fn = self._compile(key, list(args))
+        return fn(*args)
+
+    def _compile(self, key: tuple, args: list) -> Callable[..., Any]:
+        if len(self.compiled) >= MAX_SIZES:
+            warn_once(("per-size-limit", id(self.gm)),
+                      f"kiln backend: a graph with symbolic sizes was compiled for {MAX_SIZES} "
+                      "sizes; new sizes run the graph as torch ops (eager)", log)
+            return self.gm
+        try:
+            fn = self.compile_static(self.gm, args)
+        except Exception as err:  # noqa: BLE001 - eager's answer beats a failed call
+            warn_once(("per-size-failed", id(self.gm), type(err).__name__),
+                      f"kiln backend: compiling a graph with symbolic sizes for sizes {key} "
+                      f"failed ({type(err).__name__}: {err}); such calls run it as torch ops "
+                      "(eager)", log)
+            fn = self.gm
+        self.compiled[key] = fn
+        log.debug("compiled a graph with symbolic sizes for sizes %s (%d sizes)", key,
+                  len(self.compiled))
+        return fn
