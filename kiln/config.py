@@ -72,11 +72,11 @@ _FIELDS: dict[str, _Field] = {
     "tile_pointwise": _Field(True, bool, "KILN_TILE_POINTWISE",
                              "2-D tiled kernels for pointwise groups whose store and largest "
                              "read are contiguous along different dims (kiln.codegen.tiling)"),
-    # Off by default: measured on the H200 (bf16, batch 64; benchmarks/RESULTS.md) it made
-    # MobileNetV3 2.2x and ConvNeXt 1.18x slower and ResNet-50 only 5% faster.
-    "channels_last": _Field(False, bool, "KILN_CHANNELS_LAST",
-                            "compute CUDA graphs with two or more convolutions in NHWC memory "
-                            "order (kiln.lower.channels_last; inference graphs only)"),
+    # Graphs with grouped convolutions keep NCHW (MobileNetV3 2.2x and ConvNeXt 1.18x slower in
+    # NHWC on the H200); ResNet-50 inference went 5.1 -> 4.0 ms (benchmarks/RESULTS.md).
+    "channels_last": _Field(True, bool, "KILN_CHANNELS_LAST",
+                            "compute CUDA graphs with two or more convolutions, none grouped, in "
+                            "NHWC memory order (kiln.lower.channels_last; inference graphs only)"),
 }
 
 

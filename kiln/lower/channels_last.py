@@ -4,11 +4,12 @@ cuDNN's fast convolutions on tensor cores read and write NHWC. Given NCHW tensor
 graph kept in eager's layouts) pays for the conversion inside every convolution call, and every
 BatchNorm / activation / residual kernel between two convolutions works on NCHW. torch.compile
 switches conv graphs to channels-last (Inductor's layout optimization); so does this pass, on
-CUDA graphs before lowering, when `config.channels_last` (`KILN_CHANNELS_LAST=1`) is on. It is
-off by default: on the H200 (bf16, batch 64) it made MobileNetV3 8.1 ms (3.8 without) and
-ConvNeXt-T 5.4 ms (4.5) and ResNet-50 5.0 ms (5.3). Not profiled yet; the suspects are cuDNN's
-NHWC depthwise kernels and kiln's reductions (squeeze-excite means, LayerNorm) reading NHWC
-buffers (docs/lower.md). With it on:
+CUDA graphs before lowering, when `config.channels_last` is on (the default; `KILN_CHANNELS_LAST=0`
+turns it off) and no convolution of the graph is grouped. Grouped and depthwise convolutions
+keep NCHW: on the H200 (bf16, batch 64) NHWC made MobileNetV3 8.1 ms (3.8 without) and
+ConvNeXt-T 5.4 ms (4.5), both built on depthwise convolutions, while ResNet-50's profile showed
+1.1 ms of its 5.1 ms (inference; 3.4 of 16.8 ms in training) in cuDNN's own NCHW<->NHWC
+conversions, and NHWC took it to 4.0 ms (benchmarks/RESULTS.md). With it on:
 
 1. every 2-D convolution whose input is not channels-last reads a channels-last copy of it
    (in practice only the first one: the copy's layout then flows through the graph);
@@ -35,13 +36,14 @@ import torch.fx
 from kiln.config import config
 from kiln.lower import _compat
 
-__all__ = ["DEVICES", "MIN_CONVS", "use_channels_last"]
+__all__ = ["DEVICES", "GROUPED_STAY_NCHW", "MIN_CONVS", "use_channels_last"]
 
 log = logging.getLogger("kiln.lower")
 aten = torch.ops.aten
 
 DEVICES = ("cuda",)  # where cuDNN's NHWC kernels pay off (tests set ("cpu",))
 MIN_CONVS = 2  # a graph with one convolution gains less than the input copy costs
+GROUPED_STAY_NCHW = True  # graphs with a grouped convolution keep NCHW (tests switch it off)
 _VIEWS = (aten.view.default, aten._unsafe_view.default)
 _NHWC = torch.channels_last
 
@@ -59,6 +61,9 @@ def use_channels_last(gm: torch.fx.GraphModule) -> int:
         return 0
     if sum(1 for node in gm.graph.nodes if _conv2d_input(node) is not None) < MIN_CONVS:
         return 0
+    if GROUPED_STAY_NCHW and any(_grouped(node) for node in gm.graph.nodes):
+        log.debug("channels_last: graph left in its layouts (a grouped convolution)")
+        return 0
     try:
         plan = _Plan(gm.graph)
     except _Abandon as why:
@@ -67,6 +72,13 @@ def use_channels_last(gm: torch.fx.GraphModule) -> int:
     plan.apply(gm)
     log.debug("channels_last: %d convolution(s) in NHWC, %d copies", plan.convs, len(plan.copies))
     return len(plan.copies)
+
+
+def _grouped(node: torch.fx.Node) -> bool:
+    """A convolution with groups > 1 (depthwise included): cuDNN's NHWC kernels for those were
+    slower than NCHW on the H200."""
+    return node.op == "call_function" and node.target is aten.convolution.default \
+        and node.args[8] != 1
 
 
 def _conv2d_input(node: torch.fx.Node) -> torch.fx.Node | None:

@@ -21,6 +21,7 @@ def applied(monkeypatch, device):
     """The pass on this device; records the copies each graph got (None: not run)."""
     monkeypatch.setattr(channels_last, "DEVICES", (torch.device(device).type,))
     monkeypatch.setattr(channels_last.config, "channels_last", True)
+    monkeypatch.setattr(channels_last, "GROUPED_STAY_NCHW", False)  # NHWC for depthwise too
     counts: list[int] = []
     original = channels_last.use_channels_last
 
@@ -102,6 +103,16 @@ def test_inference_in_nhwc_equals_eager(applied, device, make):
             x = torch.randn(batch, 3, 8, 8, device=device)
             torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
     assert applied and applied[0] >= 1  # the input copy (and the flatten's contiguous copy)
+
+
+def test_by_default_a_graph_with_a_grouped_convolution_keeps_nchw(applied, device, monkeypatch):
+    monkeypatch.setattr(channels_last, "GROUPED_STAY_NCHW", True)
+    model = _randomize_bn(ConvNet()).to(device).eval()
+    with torch.no_grad():
+        x = torch.randn(2, 3, 8, 8, device=device)
+        torch.testing.assert_close(kiln.compile(model, backend="kiln")(x), model(x),
+                                   rtol=1e-4, atol=1e-4)
+    assert applied == [0]
 
 
 def test_a_graph_whose_outputs_would_change_layout_is_left_alone(applied, device):
