@@ -404,3 +404,33 @@ def test_size_idioms_match_eager_for_every_size(fn):
                 _close(g, w)
             else:
                 assert g == w and type(g) is type(w), (g, w)
+
+
+def test_shape_tuples_concatenated_keep_their_symbols():
+    """GPT-2's `(-1,) + input_shape[1:] + (h.size(-1),)`: `+` on tuples holding symbolic sizes
+    builds a new tuple of them (it recursed without end before, breaking the graph)."""
+    def fn(x, h):
+        input_shape = x.size()
+        x = x.view(-1, input_shape[-1])
+        output_shape = (-1,) + input_shape[1:] + (h.size(-1),)
+        return h.view(output_shape) * 2, x.sum(0)
+
+    backend = CountingAot()
+    compiled = kiln.compile(fn, backend=backend)
+    for length in (3, 5, 8, 13):
+        x, h = torch.randn(2, length), torch.randn(2, length, 4)
+        for a, b in zip(compiled(x, h), fn(x, h)):
+            _close(a, b)
+    assert backend.count == 2
+    explained = kiln.explain(fn, dynamic=True)(torch.randn(2, 7), torch.randn(2, 7, 4))
+    assert explained.graph_break_count == 0, explained.break_reasons
+
+
+def test_ordering_shape_tuples_specializes_and_stays_correct():
+    def fn(x):
+        return x * (2 if tuple(x.shape) < (2, 6) else 3)
+
+    compiled = kiln.compile(fn, backend="eager", dynamic=True)
+    for length in (3, 5, 8, 13):
+        x = torch.randn(2, length)
+        _close(compiled(x), fn(x))

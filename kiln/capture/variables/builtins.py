@@ -150,7 +150,8 @@ def binary_op(tx: Translator, op: Callable, a: VT, b: VT) -> VT:
                                                (int, float, bool)) for v in (a, b)):
             return scalar_op(tx, plain, [a, b])
         a, b = specialize_all(a), specialize_all(b)
-    if isinstance(a, (TupleVT, ListVT)) and isinstance(b, (TupleVT, ListVT)) and \
+    if plain in (operator.eq, operator.ne) and isinstance(a, (TupleVT, ListVT)) and \
+            isinstance(b, (TupleVT, ListVT)) and \
             any(isinstance(i, SymScalarVT) for i in (*a.items, *b.items)):
         return _compare_sizes(tx, plain, a, b)
     if isinstance(a, ListVT) and op is operator.iadd:
@@ -166,6 +167,8 @@ def binary_op(tx: Translator, op: Callable, a: VT, b: VT) -> VT:
     if isinstance(a, (TupleVT, ListVT)) and plain is operator.mul and b.is_constant():
         items = a.items * b.as_constant()
         return ListVT(items) if isinstance(a, ListVT) else TupleVT(items)
+    if isinstance(a, (TupleVT, ListVT)) and isinstance(b, (TupleVT, ListVT)):
+        a, b = specialize_all(a, sizes=True), specialize_all(b, sizes=True)  # `<` on shapes
     if a.is_constant() and b.is_constant():
         try:
             return _wrap_value(plain(a.as_constant(), b.as_constant()))
@@ -182,17 +185,11 @@ def binary_op(tx: Translator, op: Callable, a: VT, b: VT) -> VT:
 def _compare_sizes(tx: Translator, op: Callable, a: VT, b: VT) -> VT:
     """`a == b` / `a != b` on sequences holding symbolic sizes (`x.shape == y.shape`): item by
     item, as Python does, so each symbolic pair asks the ShapeEnv (a guard) instead of
-    specializing both sizes. Other operators specialize the items and fold."""
-    if op not in (operator.eq, operator.ne):
-        return binary_op(tx, op, _specialized_items(a), _specialized_items(b))
+    specializing both sizes. (`+` and `*` build new sequences that keep the symbols; other
+    operators specialize the sizes and fold, in `binary_op`.)"""
     equal = len(a.items) == len(b.items) and all(
         binary_op(tx, operator.eq, x, y).truth(tx) for x, y in zip(a.items, b.items))
     return ConstantVT(equal == (op is operator.eq))
-
-
-def _specialized_items(seq: VT) -> VT:
-    items = [specialize_all(i) for i in seq.items]
-    return ListVT(items) if isinstance(seq, ListVT) else TupleVT(items, seq.cls)
 
 
 def _identity_equality(vt: VT) -> bool:
