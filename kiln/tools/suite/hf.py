@@ -121,12 +121,13 @@ def build(arch: HFArch, seed: int = 0, no_dropout: bool = False) -> torch.nn.Mod
 
 
 def make_inputs(arch: HFArch, config: Any = None, gen: torch.Generator | None = None,
-                device: str | torch.device = "cpu") -> dict[str, Any]:
+                device: str | torch.device = "cpu", seq: int | None = None) -> dict[str, Any]:
     """Fresh random keyword inputs for a model of `config` (default: the tiny config), on
     `device`. Drawn on the CPU (from `gen`, a CPU generator, when given) and then moved, so a seed
-    gives the same inputs on every device and a CPU generator works under `torch.device("cuda")`."""
+    gives the same inputs on every device and a CPU generator works under `torch.device("cuda")`.
+    `seq`: the sequence length of token inputs (default 8 tiny, 128 full)."""
     vocab = getattr(config, "vocab_size", _VOCAB) if config is not None else _VOCAB
-    seq = _SEQ if config is None else _FULL_SEQ
+    seq = seq or (_SEQ if config is None else _FULL_SEQ)
     cpu = torch.device("cpu")
     ids = lambda: torch.randint(1, vocab, (_BATCH, seq), generator=gen, device=cpu)  # noqa: E731
     if arch.inputs == "ids":
