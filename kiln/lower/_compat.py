@@ -24,6 +24,7 @@ __all__ = [
     "guard_count",
     "make_aten_graph",
     "make_symbolic_aten_graph",
+    "symbol_hint",
     "symbol_range",
     "symint_parts",
     "sympy_kind",
@@ -127,6 +128,13 @@ def symbol_range(shape_env: Any, symbol: Any) -> tuple[int, int | None]:
     if ranges is None:
         return 2, None
     return max(_finite_int(ranges.lower) or 2, 2), _finite_int(ranges.upper)
+
+
+def symbol_hint(shape_env: Any, symbol: Any) -> int | None:
+    """The example's value of a backed `symbol` (what the trace ran with)."""
+    values = getattr(shape_env, "backed_var_to_val", None)  # torch 2.13; var_to_val before
+    value = (values if values is not None else shape_env.var_to_val).get(symbol)
+    return None if value is None else int(value)
 
 
 def _finite_int(value: Any) -> int | None:

@@ -28,10 +28,10 @@ import functools
 import math
 from typing import Any, Iterable, Mapping, Union
 
-from kiln.lower.size_atoms import Mono, Size, flatten_factors, make_product
+from kiln.lower.size_atoms import SIZE_MAX, Mono, Size, flatten_factors, make_product
 
 __all__ = ["Div", "Expr", "IndexLike", "Mono", "Size", "Sym", "affine_form", "as_expr", "as_size",
-           "is_static", "size_expr", "sym"]
+           "is_static", "size_expr", "size_hint", "size_names", "sym"]
 
 IndexLike = Union["Expr", int]
 SizeLike = Union["Expr", int]  # an int, or an Expr over `Size` atoms only (a symbolic size)
@@ -355,9 +355,30 @@ def _decide(diff: Expr, test: Any) -> bool:
     raise TypeError(f"the sign of {diff} depends on the sizes")
 
 
-def size_expr(name: str, lo: int = 2, hi: int | None = None) -> Expr:
+def size_expr(name: str, lo: int = 2, hi: int | None = None, hint: int | None = None) -> Expr:
     """The expression of a symbolic size `name` in `[lo, hi]` (see `size_atoms.Size`)."""
-    return Expr.make([(Size(name, lo) if hi is None else Size(name, lo, hi), 1)])
+    return Expr.make([(Size(name, lo, SIZE_MAX if hi is None else hi, hint), 1)])
+
+
+def size_names(value: Any) -> set[str]:
+    """Names of the `Size` atoms in `value` (an int has none)."""
+    if not isinstance(value, Expr):
+        return set()
+    out: set[str] = set()
+    for atom, _ in value.terms:
+        for factor in flatten_factors(atom):
+            if isinstance(factor, Size):
+                out.add(factor.name)
+            elif isinstance(factor, Div):
+                out |= size_names(factor.arg) | size_names(factor.div) | size_names(factor.mod)
+            elif isinstance(factor, Sym):
+                out |= size_names(factor.size)
+    return out
+
+
+def size_hint(value: Any) -> int:
+    """An int as it is; a symbolic size at the example's sizes (for heuristics only)."""
+    return value.evaluate({}) if isinstance(value, Expr) else int(value)
 
 
 def is_static(value: Any) -> bool:
@@ -416,7 +437,9 @@ def _subs_atom(atom: Atom, mapping: Mapping[Sym, IndexLike]) -> Expr:
 
 
 def _evaluate_atom(atom: Atom, env: Mapping[str, Any]) -> Any:
-    if isinstance(atom, (Sym, Size)):
+    if isinstance(atom, Size):
+        return env.get(atom.name, atom.hint)  # heuristics evaluate at the example's sizes
+    if isinstance(atom, Sym):
         return env[atom.name]
     value = atom.arg.evaluate(env)
     div = atom.div.evaluate(env) if isinstance(atom.div, Expr) else atom.div

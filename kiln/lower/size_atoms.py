@@ -3,7 +3,9 @@
 - `Size(name, lo, hi)`: a tensor size known only at run time (`s0`), an integer in `[lo, hi]`.
   Capture specializes the sizes 0 and 1, so `lo >= 2`; `hi` is the ShapeEnv's upper bound (an
   unbounded size gets `SIZE_MAX`, the largest extent int32 indexing allows: the wrapper checks
-  the actual sizes at every call, see `kiln.runtime.symbolic`).
+  the actual sizes at every call). `hint`: the example's value, which performance heuristics
+  (block sizes, access classification) use; `Expr.evaluate` falls back to it for a size missing
+  from its environment.
 - `Mono(factors)`: a product of two or more atoms, at least one a `Size` (`s0*x1`: a loop
   variable times a symbolic stride, `s0*s1`: a numel). Index expressions stay affine in the loop
   variables; sizes are what multiplies them.
@@ -24,12 +26,14 @@ SIZE_MAX = 2**31 - 1
 class Size:
     """A symbolic tensor size: an integer in `[lo, hi]`, the same value everywhere in a graph."""
 
-    __slots__ = ("name", "lo", "hi", "_hash")
+    __slots__ = ("name", "lo", "hi", "hint", "_hash")
 
-    def __init__(self, name: str, lo: int = 2, hi: int = SIZE_MAX) -> None:
+    def __init__(self, name: str, lo: int = 2, hi: int = SIZE_MAX, hint: int | None = None
+                 ) -> None:
         self.name = name
         self.lo = int(lo)
         self.hi = int(hi)
+        self.hint = self.lo if hint is None else int(hint)  # the example's value: heuristics
         self._hash = hash(("Size", name))
 
     def __eq__(self, other: object) -> bool:

@@ -103,7 +103,7 @@ def _from_sympy(expr: Any, shape_env: Any) -> Expr:
         return as_expr(int(expr))
     if kind == "symbol":
         lo, hi = _compat.symbol_range(shape_env, expr)
-        return size_expr(str(expr), lo, hi)
+        return size_expr(str(expr), lo, hi, _compat.symbol_hint(shape_env, expr))
     args = [_from_sympy(a, shape_env) for a in expr.args]
     if kind == "add":
         total = as_expr(0)

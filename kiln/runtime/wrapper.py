@@ -393,7 +393,11 @@ def _fits(old: Buffer, new: Buffer) -> bool:
     def nbytes(buf: Buffer) -> int:
         return buf.layout.storage_size() * buf.dtype.itemsize
 
-    return old.layout.device == new.layout.device and nbytes(old) >= nbytes(new) \
+    try:
+        big_enough = nbytes(old) >= nbytes(new)
+    except TypeError:  # symbolic sizes whose order depends on the sizes: no reuse
+        return False
+    return old.layout.device == new.layout.device and big_enough \
         and not isinstance(old, (InputBuffer, ConstantBuffer))
 
 
