@@ -287,7 +287,8 @@ class Expr:
         return self._str
 
     def __repr__(self) -> str:
-        return f"Expr({self})"
+        # a symbolic size prints as the Python source of itself (wrapper text, IR dumps)
+        return str(self) if self.is_size() else f"Expr({self})"
 
     def str_operand(self) -> str:
         """str(self), parenthesized unless it is a single symbol or a non-negative constant."""

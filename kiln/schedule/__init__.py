@@ -119,6 +119,8 @@ def _elide_copies(plan: Schedule) -> Schedule:
 
 
 def _split_reductions(plan: Schedule) -> Schedule:
+    if plan.graph.symbolic:  # chunk counts must divide rnumel: sizes only known at run time
+        return plan
     plan.split = split_reductions(plan.graph)
     return plan
 
