@@ -100,13 +100,23 @@ def trace_fake(fn: Callable[..., Any], args: Sequence[Any], decompositions: dict
 
 
 def make_symbolic_aten_graph(fn: Callable[..., Any], inputs: Sequence[Any],
-                             decompositions: dict | None = None) -> torch.fx.GraphModule:
-    """make_fx of `fn(*inputs)` with every input size symbolic (tests of the symbolic path;
-    the autograd stage makes such graphs from a symbolic capture)."""
+                             decompositions: dict | None = None,
+                             dynamic: dict[int, set[int]] | None = None) -> torch.fx.GraphModule:
+    """make_fx of `fn(*inputs)` with symbolic sizes (tests of the symbolic path; the autograd
+    stage makes such graphs from a symbolic capture): `dynamic` maps input positions to the
+    dims that are symbolic; None makes every size symbolic."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
+    from kiln.capture._compat import new_symbolic_fake_mode, symbolic_fake
+
     fn = torch.func.functionalize(fn, remove="mutations")
-    return make_fx(fn, decomposition_table=decompositions, tracing_mode="symbolic")(*inputs)
+    if dynamic is None:
+        return make_fx(fn, decomposition_table=decompositions, tracing_mode="symbolic")(*inputs)
+    mode = new_symbolic_fake_mode()
+    fakes = [symbolic_fake(mode, t, dynamic.get(i, set()), f"arg{i}")
+             if isinstance(t, torch.Tensor) else t for i, t in enumerate(inputs)]
+    with mode:
+        return make_fx(fn, decomposition_table=decompositions, tracing_mode="real")(*fakes)
 
 
 # -- symbolic sizes (torch's SymInt / ShapeEnv / sympy) --------------------------------------------
