@@ -107,7 +107,7 @@ def make_symbolic_aten_graph(fn: Callable[..., Any], inputs: Sequence[Any],
     dims that are symbolic; None makes every size symbolic."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from kiln.capture._compat import new_symbolic_fake_mode, symbolic_fake
+    from kiln.capture._compat import new_symbolic_fake_mode, symbolic_dispatch, symbolic_fake
 
     fn = torch.func.functionalize(fn, remove="mutations")
     if dynamic is None:
@@ -115,7 +115,7 @@ def make_symbolic_aten_graph(fn: Callable[..., Any], inputs: Sequence[Any],
     mode = new_symbolic_fake_mode()
     fakes = [symbolic_fake(mode, t, dynamic.get(i, set()), f"arg{i}")
              if isinstance(t, torch.Tensor) else t for i, t in enumerate(inputs)]
-    with mode:
+    with mode, symbolic_dispatch(True):  # composite ops keep SymInts, as in capture
         return make_fx(fn, decomposition_table=decompositions, tracing_mode="real")(*fakes)
 
 
