@@ -72,6 +72,12 @@ _FIELDS: dict[str, _Field] = {
     "tile_pointwise": _Field(True, bool, "KILN_TILE_POINTWISE",
                              "2-D tiled kernels for pointwise groups whose store and largest "
                              "read are contiguous along different dims (kiln.codegen.tiling)"),
+    # Issue 15, stage C: a graph captured with symbolic sizes compiles once into kernels that
+    # take the sizes as arguments; what the symbolic path cannot compile goes per size.
+    "symbolic_kernels": _Field(True, bool, "KILN_SYMBOLIC_KERNELS",
+                               "the kiln backend compiles a graph with symbolic sizes once, "
+                               "with sizes as kernel arguments (off: once per set of sizes, "
+                               "kiln.backends.per_size)"),
     # Graphs with grouped convolutions keep NCHW (MobileNetV3 2.2x and ConvNeXt 1.18x slower in
     # NHWC on the H200); ResNet-50 inference went 5.1 -> 4.0 ms (benchmarks/RESULTS.md).
     "channels_last": _Field(True, bool, "KILN_CHANNELS_LAST",

@@ -27,11 +27,12 @@ from typing import Any, Callable
 import torch
 
 from kiln.autograd import aot_compile
-from kiln.backends.per_size import per_size
+from kiln.backends.per_size import per_size, symbolic_inputs, symbolic_or_per_size
 from kiln.backends.registry import register_backend
 from kiln.config import config
 from kiln.errors import KilnConfigError, KilnError
 from kiln.logs import info_once, warn_once
+from kiln.lower.symbolic import SymbolicShapeError, is_symbolic_graph
 from kiln.options import CompileOptions, resolve_options
 from kiln.passes import Pass, PassList, disabled_passes
 
@@ -69,8 +70,14 @@ def kiln_backend(gm: torch.fx.GraphModule, example_inputs: list, *, mode: str | 
     def compile_static(graph: torch.fx.GraphModule, inputs: list) -> Callable[..., Any]:
         return guard_storage_offsets(compile_captured(graph, inputs, opts), graph, inputs)
 
-    # kernels are generated for static sizes (stage C): a graph with symbolic sizes compiles
-    # once per set of input sizes behind its one capture
+    def compile_symbolic(graph: torch.fx.GraphModule, inputs: list) -> Callable[..., Any]:
+        compiled = compile_captured(graph, inputs, opts, symbolic=True)
+        return guard_storage_offsets(compiled, graph, inputs)
+
+    if config.symbolic_kernels and symbolic_inputs(gm):
+        # one compile with sizes as kernel arguments (stage C); what it cannot compile
+        # compiles once per set of input sizes behind the one capture (per_size)
+        return symbolic_or_per_size(compile_symbolic, compile_static, gm, list(example_inputs))
     return per_size(compile_static, gm, list(example_inputs))
 
 
@@ -102,10 +109,14 @@ def guard_storage_offsets(compiled: Callable[..., Any], gm: torch.fx.GraphModule
 
 
 def compile_captured(gm: torch.fx.GraphModule, example_inputs: list,
-                     options: CompileOptions) -> Callable[..., Any]:
-    """The full pipeline, with the warm-start lookup in front on the inference path."""
+                     options: CompileOptions, symbolic: bool = False) -> Callable[..., Any]:
+    """The full pipeline, with the warm-start lookup in front on the inference path.
+    `symbolic`: every graph the autograd stage makes must have symbolic sizes and compile
+    into kernels with sizes as arguments, else `SymbolicShapeError` (no warm start)."""
     from kiln.backends import warm_start
 
+    if symbolic:
+        return _cold(gm, example_inputs, options, symbolic=True)
     key = None
     if config.warm_start and _inference_path(example_inputs):
         key = warm_start.graph_key(gm, example_inputs, options)
@@ -118,7 +129,8 @@ def compile_captured(gm: torch.fx.GraphModule, example_inputs: list,
     return compiled
 
 
-def _cold(gm: torch.fx.GraphModule, example_inputs: list, options: CompileOptions) -> Any:
+def _cold(gm: torch.fx.GraphModule, example_inputs: list, options: CompileOptions,
+          symbolic: bool = False) -> Any:
     start = [time.perf_counter()]
 
     def compiler(kind: str) -> Callable[..., Any]:
@@ -126,8 +138,13 @@ def _cold(gm: torch.fx.GraphModule, example_inputs: list, options: CompileOption
             from kiln.runtime import compile_graph
 
             trace_s = time.perf_counter() - start[0] if kind != "backward" else 0.0
-            return compile_graph(graph, fake_inputs, options=options, name=kind,
-                                 trace_s=trace_s)
+            if symbolic:
+                require_symbolic(graph, kind)
+            artifact = compile_graph(graph, fake_inputs, options=options, name=kind,
+                                     trace_s=trace_s)
+            if symbolic and not artifact.graph.symbolic:
+                raise SymbolicShapeError(f"the {kind} graph compiled with static sizes")
+            return artifact
 
         return compile_one
 
@@ -181,6 +198,14 @@ def rewrite_joint_attention(joint: Any) -> int:
     from kiln.lower.attention import rewrite_attention
 
     return rewrite_attention(joint.gm)
+
+
+def require_symbolic(graph: torch.fx.GraphModule, kind: str) -> None:
+    """A graph from the autograd stage that lost the capture's symbolic sizes (specialized
+    to the example) would compile kernels right for one size only."""
+    if not is_symbolic_graph(graph):
+        raise SymbolicShapeError(f"the autograd stage made the {kind} graph with static sizes "
+                                 "from a graph with symbolic sizes")
 
 
 def _rewrite_joint(joint: Any) -> Any:

@@ -16,7 +16,8 @@ import torch
 
 from kiln.logs import warn_once
 
-__all__ = ["per_size", "symbolic_inputs", "MAX_SIZES"]
+__all__ = ["MAX_SIZES", "SymbolicCompiled", "per_size", "symbolic_inputs",
+           "symbolic_or_per_size"]
 
 log = logging.getLogger("kiln.backends")
 
@@ -88,3 +89,39 @@ class SizeCache:
         log.debug("compiled a graph with symbolic sizes for sizes %s (%d sizes)", key,
                   len(self.compiled))
         return fn
+
+
+def symbolic_or_per_size(compile_symbolic: Compile, compile_static: Compile,
+                         gm: torch.fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
+    """One compile with sizes as kernel arguments (`compile_symbolic`, stage C) when the
+    pipeline supports the graph; else `per_size` over `compile_static`, as without it."""
+    try:
+        compiled = compile_symbolic(gm, list(example_inputs))
+    except Exception as err:  # noqa: BLE001 - per-size compiles are always right
+        log.info("kiln backend: a graph with symbolic sizes compiles per size: the symbolic "
+                 "path failed (%s: %s)", type(err).__name__, err)
+        return per_size(compile_static, gm, example_inputs)
+    return SymbolicCompiled(compiled, compile_static, gm)
+
+
+class SymbolicCompiled:
+    """A graph compiled once for every size. A call whose sizes the symbolic kernels cannot
+    index (an extent of 2**31 elements or more: they use int32) goes per size."""
+
+    def __init__(self, compiled: Callable[..., Any], compile_static: Compile,
+                 gm: torch.fx.GraphModule) -> None:
+        self.compiled = compiled
+        self.compile_static = compile_static
+        self.gm = gm
+        self.per_size: SizeCache | None = None
+
+    def __call__(self, *args: Any) -> Any:
+        from kiln.runtime.symbolic import SymbolicSizeOverflow
+
+        try:
+            return self.compiled(*args)
+        except SymbolicSizeOverflow:  # raised before any kernel ran
+            if self.per_size is None:
+                self.per_size = SizeCache(self.compile_static, self.gm,
+                                          symbolic_inputs(self.gm), list(args))
+            return self.per_size(*args)

@@ -28,7 +28,7 @@ import functools
 import hashlib
 import math
 import re
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from kiln.codegen.kernel_configs import (
     KernelConfig,
@@ -43,6 +43,7 @@ from kiln.codegen.reductions import PRELUDE_HELPERS
 from kiln.codegen.tiling import plan_tiles, tile_grid, tile_prologue
 from kiln.codegen.triton_printer import CodegenError, TritonPrinter
 from kiln.lower.deps import read_writes
+from kiln.lower.index import size_names
 from kiln.lower.ir import ComputedBuffer, IRGraph, Origin, Reduction, loop_vars
 from kiln.schedule import FusedGroup
 
@@ -115,6 +116,9 @@ class KernelSpec:
         reduction_class: "inner" | "outer" ("" for pointwise).
     index_checks: the kernel bounds-checks indirect indices with `tl.device_assert`, which
         Triton compiles only with debug=True (`compile_options`).
+    size_args: the symbolic sizes the kernel takes after its pointers (`s0`, in this order;
+        empty for a static kernel); `numel` / `rnumel` are then expressions of them and
+        `grid(meta, sizes)` takes their values (without `sizes`: at the example's sizes).
     """
 
     name: str
@@ -135,6 +139,7 @@ class KernelSpec:
     members: tuple[str, ...] = ()
     reduction_class: str = ""
     index_checks: bool = False
+    size_args: tuple[str, ...] = ()
 
     @property
     def meta_dict(self) -> dict[str, int]:
@@ -230,12 +235,18 @@ def _define_vars(prefix: str, ranges: tuple[int, ...], source: str,
     for d in reversed(order):
         size = ranges[d]
         if size != 1:
-            text = source if inner == 1 else f"({source} // {inner})"
+            text = source if inner == 1 else f"({source} // {_operand(inner)})"
             if inner * size != math.prod(ranges):
-                text = f"{text} % {size}"
+                text = f"{text} % {_operand(size)}"
             defs[d] = f"{prefix}{d} = {text}"
         inner *= size
     return [defs[d] for d in sorted(defs)]
+
+
+def _operand(size: Any) -> str:
+    """A size as an operand of `//` or `%` (a symbolic product is parenthesized)."""
+    text = str(size)
+    return text if text.isidentifier() or text.isdigit() else f"({text})"
 
 
 def memory_order(group: FusedGroup) -> tuple[int, ...] | None:
@@ -286,7 +297,10 @@ def _r_prologue(group: FusedGroup, config: KernelConfig, masked: bool, wide: boo
 
 
 def _is_wide(group: FusedGroup, graph: IRGraph | None) -> bool:
-    """Whether any index can reach 2**31 (then every index is int64)."""
+    """Whether any index can reach 2**31 (then every index is int64). A kernel with symbolic
+    sizes uses int32: the wrapper refuses sizes whose extents reach 2**31 at every call."""
+    if graph is not None and getattr(graph, "symbolic", False):
+        return False
     sizes = [group.numel * group.rnumel] + [n.layout.storage_size() for n in group.nodes]
     buffers = graph.buffers if graph is not None else {}
     for node in group.nodes:
@@ -318,8 +332,8 @@ def _dtypes(group: FusedGroup, graph: IRGraph | None) -> dict:
 
 def _source(group: FusedGroup, config: KernelConfig, name: str, printer: TritonPrinter,
             lines: list[str], constexprs: tuple[str, ...], red_class: str = "",
-            notes: Sequence[str] = ()) -> str:
-    arg_names = tuple(printer.loads.values()) + tuple(printer.stores.values())
+            notes: Sequence[str] = (), size_args: tuple[str, ...] = ()) -> str:
+    arg_names = tuple(printer.loads.values()) + tuple(printer.stores.values()) + size_args
     src = "\n".join(_header(group, config, red_class, notes)) + "\n" + _PRELUDE
     src += "\n\n@triton.jit\n"
     src += f"def {name}({', '.join(arg_names + constexprs)}):\n"
@@ -327,7 +341,8 @@ def _source(group: FusedGroup, config: KernelConfig, name: str, printer: TritonP
 
 
 def _spec(group: FusedGroup, config: KernelConfig, name: str, source: str,
-          printer: TritonPrinter, grid, red_class: str = "") -> KernelSpec:
+          printer: TritonPrinter, grid, red_class: str = "",
+          size_args: tuple[str, ...] = ()) -> KernelSpec:
     reads, writes = tuple(printer.loads), tuple(printer.stores)
     arg_names = tuple(printer.loads.values()) + tuple(printer.stores.values())
     return KernelSpec(name=name, source=source, args=reads + writes, arg_names=arg_names,
@@ -335,7 +350,7 @@ def _spec(group: FusedGroup, config: KernelConfig, name: str, source: str,
                       grid=grid, kind=config.kind, numel=group.numel, rnumel=group.rnumel,
                       origins=group.origins, config=config, num_stages=config.num_stages,
                       members=tuple(n.name for n in group.nodes), reduction_class=red_class,
-                      index_checks=printer.index_checks > 0)
+                      index_checks=printer.index_checks > 0, size_args=size_args)
 
 
 def _emit_tiled(group: FusedGroup, graph: IRGraph | None, config: KernelConfig) -> KernelSpec:
@@ -394,12 +409,43 @@ def emit_group(group: FusedGroup, graph: IRGraph | None = None,
     if is_red and not looped:
         prologue += r_pro
     constexprs = ("XBLOCK: tl.constexpr",) + (("RBLOCK: tl.constexpr",) if is_red else ())
-    src = _source(group, config, name, printer, prologue + body.lines, constexprs, red_class)
+    size_args = used_sizes(prologue + body.lines, graph)
+    src = _source(group, config, name, printer, prologue + body.lines, constexprs, red_class,
+                  size_args=size_args)
+    grid = functools.partial(_symbolic_grid, group.numel) if size_args else \
+        functools.partial(_grid, group.numel)
+    return _spec(group, config, name, src, printer, grid, red_class, size_args)
 
-    def grid(meta: Mapping[str, int], _numel: int = group.numel) -> tuple[int, ...]:
-        return (_cdiv(_numel, meta["XBLOCK"]),)
 
-    return _spec(group, config, name, src, printer, grid, red_class)
+def _grid(numel: int, meta: Mapping[str, int]) -> tuple[int, ...]:
+    return (_cdiv(numel, meta["XBLOCK"]),)
+
+
+def _symbolic_grid(numel: Any, meta: Mapping[str, int],
+                   sizes: Mapping[str, int] | None = None) -> tuple[int, ...]:
+    value = numel.evaluate(sizes or {}) if hasattr(numel, "evaluate") else numel
+    return (_cdiv(int(value), meta["XBLOCK"]),)
+
+
+def used_sizes(lines: Sequence[str], graph: IRGraph | None) -> tuple[str, ...]:
+    """The symbolic sizes (`s0`) the kernel's lines name, sorted: its size arguments."""
+    names = graph_sizes(graph)
+    if not names:
+        return ()
+    words = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", "\n".join(lines)))
+    return tuple(sorted(names & words, key=lambda n: (len(n), n)))
+
+
+def graph_sizes(graph: IRGraph | None) -> set[str]:
+    """Names of the symbolic sizes in the graph's buffer layouts and loop ranges."""
+    if graph is None or not getattr(graph, "symbolic", False):
+        return set()
+    found: set[str] = set()
+    for buf in graph.buffers.values():
+        lay = buf.layout
+        for value in (*lay.size, *lay.stride, lay.offset):
+            found |= size_names(value)
+    return found
 
 
 def single_group(node: ComputedBuffer) -> FusedGroup:

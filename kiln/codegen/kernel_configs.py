@@ -33,6 +33,7 @@ import math
 from kiln.codegen.group import group_accesses
 from kiln.codegen.tiling import plan_tiles
 from kiln.config import config
+from kiln.lower.index import is_static, size_hint
 from kiln.lower.ir import IRGraph
 
 __all__ = [
@@ -112,6 +113,9 @@ def check_config(config: KernelConfig, numel: int, rnumel: int, is_reduction: bo
     if is_reduction != (config.kind not in ("pointwise", "pointwise_2d")):
         raise ValueError(f"{config.kind} config for a {'reduction' if is_reduction else 'pointwise'}"
                          " group")
+    if config.kind == "persistent_reduction" and not is_static(rnumel):
+        raise ValueError("a persistent reduction needs a static rnumel; use a looped_reduction "
+                         "config for a reduction over a symbolic size")
     if config.kind == "persistent_reduction" and config.RBLOCK < rnumel:
         raise ValueError(f"persistent reduction needs RBLOCK >= rnumel ({rnumel}), "
                          f"got {config.RBLOCK}; use a looped_reduction config")
@@ -274,6 +278,8 @@ def _outer_configs(numel: int, rnumel: int) -> list[KernelConfig]:
 def candidate_configs(group, graph: IRGraph | None = None) -> list[KernelConfig]:
     """The heuristic default config first, then up to 5 alternatives (max-autotune)."""
     numel, rnumel = group.numel, group.rnumel
+    if not (is_static(numel) and is_static(rnumel)):
+        return symbolic_configs(group, graph)
     if not group.is_reduction:
         plan = plan_tiles(group) if config.tile_pointwise else None
         tiled = _tiled_configs(group, plan, graph) if plan is not None else []
@@ -286,6 +292,26 @@ def candidate_configs(group, graph: IRGraph | None = None) -> list[KernelConfig]
         configs = _inner_configs(numel, rnumel, row_streams(group))
     unique = list(dict.fromkeys(configs))
     return unique[:6]
+
+
+def symbolic_configs(group, graph: IRGraph | None = None) -> list[KernelConfig]:
+    """Configs of a group with symbolic sizes: the static heuristics at the size hint (the
+    example's sizes, each rounded up to a power of two, so sizes in one bucket share configs),
+    1-D only, and a reduction over a symbolic r looped (a persistent one needs a static
+    RBLOCK >= rnumel)."""
+    numel = next_power_of_2(size_hint(group.numel))
+    rnumel = next_power_of_2(size_hint(group.rnumel))
+    if not group.is_reduction:
+        return _pointwise_configs(numel)[:6]
+    if reduction_class(group, graph) == "outer":
+        configs = _outer_configs(numel, rnumel)
+    else:
+        configs = _inner_configs(numel, rnumel, row_streams(group))
+    if not is_static(group.rnumel):
+        configs = [c if c.kind == "looped_reduction" else
+                   KernelConfig("looped_reduction", c.XBLOCK, min(c.RBLOCK, 1024), c.num_warps,
+                                c.num_stages) for c in configs]
+    return list(dict.fromkeys(configs))[:6]
 
 
 def default_config(group, graph: IRGraph | None = None) -> KernelConfig:

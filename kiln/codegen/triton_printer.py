@@ -28,7 +28,7 @@ from kiln.codegen import reductions
 from kiln.codegen.triton_math import print_math, promote
 from kiln.codegen.triton_types import TV, triton_dtype
 from kiln.errors import CodegenError
-from kiln.lower.index import Div, Expr, Sym, sym
+from kiln.lower.index import Div, Expr, Mono, Size, Sym, sym
 from kiln.lower.ops import OpsHandler
 from kiln.lower.printer import format_value
 
@@ -107,7 +107,7 @@ class TritonPrinter(OpsHandler):
         """Triton source for an index expression (floor-correct where it can go negative)."""
         parts: list[str] = []
         for atom, coef in expr.terms:
-            text = atom.name if isinstance(atom, Sym) else self._div(atom)
+            text = self._atom(atom)
             if coef == 1:
                 parts.append(text)
             else:
@@ -116,9 +116,16 @@ class TritonPrinter(OpsHandler):
             parts.append(f"({expr.const})" if expr.const < 0 else str(expr.const))
         return " + ".join(parts)
 
+    def _atom(self, atom: Any) -> str:
+        if isinstance(atom, (Sym, Size)):
+            return atom.name  # a size is a kernel argument of that name
+        if isinstance(atom, Mono):
+            return "*".join(self._atom(f) for f in atom.factors)
+        return self._div(atom)
+
     def _div(self, atom: Div) -> str:
         arg = self.index(atom.arg)
-        d, m = atom.div, atom.mod
+        d, m = _size_text(atom.div), _size_text(atom.mod)
         if atom.arg.bounds()[0] >= 0:
             text = f"(({arg}) // {d})" if d != 1 else f"({arg})"
             return f"({text} % {m})" if m is not None else text
@@ -295,3 +302,8 @@ class TritonPrinter(OpsHandler):
 
     def math(self, name: str, *args: TV) -> TV:
         return print_math(self, name, args)
+
+
+def _size_text(value: Any) -> Any:
+    """A divisor or modulus as source: a symbolic one is parenthesized."""
+    return f"({value})" if isinstance(value, Expr) else value

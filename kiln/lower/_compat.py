@@ -20,7 +20,14 @@ __all__ = [
     "elementwise_dtypes",
     "fake_tensor_like",
     "full_decomposition_table",
+    "fake_mode_of",
+    "guard_count",
     "make_aten_graph",
+    "make_symbolic_aten_graph",
+    "symbol_hint",
+    "symbol_range",
+    "symint_parts",
+    "sympy_kind",
     "new_fake_mode",
     "storage_key",
     "trace_fake",
@@ -90,6 +97,88 @@ def trace_fake(fn: Callable[..., Any], args: Sequence[Any], decompositions: dict
 
     with mode:
         return make_fx(fn, decomposition_table=decompositions, tracing_mode="real")(*args)
+
+
+def make_symbolic_aten_graph(fn: Callable[..., Any], inputs: Sequence[Any],
+                             decompositions: dict | None = None,
+                             dynamic: dict[int, set[int]] | None = None) -> torch.fx.GraphModule:
+    """make_fx of `fn(*inputs)` with symbolic sizes (tests of the symbolic path; the autograd
+    stage makes such graphs from a symbolic capture): `dynamic` maps input positions to the
+    dims that are symbolic; None makes every size symbolic."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from kiln.capture._compat import new_symbolic_fake_mode, symbolic_dispatch, symbolic_fake
+
+    fn = torch.func.functionalize(fn, remove="mutations")
+    if dynamic is None:
+        return make_fx(fn, decomposition_table=decompositions, tracing_mode="symbolic")(*inputs)
+    mode = new_symbolic_fake_mode()
+    fakes = [symbolic_fake(mode, t, dynamic.get(i, set()), f"arg{i}")
+             if isinstance(t, torch.Tensor) else t for i, t in enumerate(inputs)]
+    with mode, symbolic_dispatch(True):  # composite ops keep SymInts, as in capture
+        return make_fx(fn, decomposition_table=decompositions, tracing_mode="real")(*fakes)
+
+
+# -- symbolic sizes (torch's SymInt / ShapeEnv / sympy) --------------------------------------------
+
+def symint_parts(value: Any) -> tuple[Any, Any] | None:
+    """(sympy expression, ShapeEnv) of a symbolic `torch.SymInt`, None for a plain int."""
+    if not isinstance(value, torch.SymInt):
+        return None
+    node = value.node
+    if not hasattr(node, "expr") or node.shape_env is None:
+        return None
+    expr = node.shape_env.replace(node.expr)
+    return (expr, node.shape_env) if not expr.is_number else None
+
+
+def symbol_range(shape_env: Any, symbol: Any) -> tuple[int, int | None]:
+    """(lower, upper) bound the ShapeEnv knows for `symbol`; upper None when unbounded."""
+    ranges = shape_env.var_to_range.get(symbol)
+    if ranges is None:
+        return 2, None
+    return max(_finite_int(ranges.lower) or 2, 2), _finite_int(ranges.upper)
+
+
+def symbol_hint(shape_env: Any, symbol: Any) -> int | None:
+    """The example's value of a backed `symbol` (what the trace ran with)."""
+    values = getattr(shape_env, "backed_var_to_val", None)  # torch 2.13; var_to_val before
+    value = (values if values is not None else shape_env.var_to_val).get(symbol)
+    return None if value is None else int(value)
+
+
+def _finite_int(value: Any) -> int | None:
+    import sympy
+
+    return int(value) if isinstance(value, (int, sympy.Integer)) else None
+
+
+def fake_mode_of(fakes: Sequence[torch.Tensor]) -> Any:
+    """The FakeTensorMode the fake tensors belong to."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    for t in fakes:
+        if isinstance(t, FakeTensor):
+            return t.fake_mode
+    raise ValueError("no fake tensor among the arguments")
+
+
+def guard_count(shape_env: Any) -> int:
+    """How many guards the ShapeEnv recorded (a new one means code specialized a size)."""
+    return len(shape_env.guards)
+
+
+def sympy_kind(expr: Any) -> str:
+    """"symbol", "integer", "add", "mul", "floordiv", "mod" or "other" for a sympy size."""
+    import sympy
+    from torch.utils._sympy.functions import FloorDiv, Mod, PythonMod
+
+    kinds = ((sympy.Symbol, "symbol"), (sympy.Integer, "integer"), (sympy.Add, "add"),
+             (sympy.Mul, "mul"), (FloorDiv, "floordiv"), ((Mod, PythonMod), "mod"))
+    for cls, kind in kinds:
+        if isinstance(expr, cls):
+            return kind
+    return "other"
 
 
 def make_aten_graph(fn: Callable[..., Any], inputs: Sequence[Any], decompositions: dict,

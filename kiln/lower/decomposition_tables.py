@@ -94,14 +94,30 @@ def decompose(op: Any, meta_args: tuple, meta_kwargs: dict) -> torch.fx.GraphMod
     return _traced[key]
 
 
+def decompose_symbolic(op: Any, meta_args: tuple,
+                       meta_kwargs: dict) -> torch.fx.GraphModule | None:
+    """`decompose` for fake tensors with symbolic sizes: traced on those very tensors (their
+    ShapeEnv's symbols flow into the graph's metas), never cached (the symbols differ)."""
+    table = lowering_table()
+    fn = table.get(op)
+    if fn is None:
+        return None
+    return _trace(fn, meta_args, meta_kwargs, table, symbolic=True)
+
+
 def _trace(fn: Callable[..., Any], meta_args: tuple, meta_kwargs: dict,
-           table: dict) -> torch.fx.GraphModule | None:
-    mode = _compat.new_fake_mode(allow_non_fake_inputs=True)
+           table: dict, symbolic: bool = False) -> torch.fx.GraphModule | None:
     leaves, spec = _compat.tree_flatten((meta_args, meta_kwargs))
     positions = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
-    fakes = [_compat.fake_tensor_like(mode, leaves[i].shape, leaves[i].stride(), leaves[i].dtype,
-                                      leaves[i].device, leaves[i].storage_offset())
-             for i in positions]
+    if symbolic:
+        fakes = [leaves[i] for i in positions]
+        mode = _compat.fake_mode_of(fakes)
+    else:
+        mode = _compat.new_fake_mode(allow_non_fake_inputs=True)
+        fakes = [_compat.fake_tensor_like(mode, leaves[i].shape, leaves[i].stride(),
+                                          leaves[i].dtype, leaves[i].device,
+                                          leaves[i].storage_offset())
+                 for i in positions]
 
     def call(*tensors: torch.Tensor) -> Any:
         filled = list(leaves)

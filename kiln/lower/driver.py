@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import torch
 import torch.fx
 
-from kiln.lower import _compat, attention, channels_last, padding, rules  # noqa: F401 (rules: the rule table)
+from kiln.lower import _compat, attention, channels_last, padding, rules, symbolic  # noqa: F401 (rules: the rule table)
 from kiln.lower.deps import read_writes
 from kiln.lower.ir import (
     ComputedBuffer,
@@ -83,6 +83,21 @@ def build_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None =
     metas = _output_metas(gm)  # before the passes: outputs keep the strides eager gives them
     gm = PASSES.run(gm, flags={"attention_rewrite": attention_rewrite})
     builder = GraphBuilder()
+    if symbolic.is_symbolic_graph(gm):
+        with symbolic.symbolic_lowering(gm):
+            _interpret(gm, None, builder, symbolic.lower_metas(metas))
+        builder.graph.symbolic = True
+    else:
+        _interpret(gm, example_inputs, builder, metas)
+    log.debug("lowered %d FX nodes into %r in %.3f s", len(gm.graph.nodes), builder.graph,
+              time.perf_counter() - start)
+    return builder.graph
+
+
+def _interpret(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None,
+               builder: GraphBuilder, metas: list) -> None:
+    """Run the interpreter over `gm` into `builder`'s graph, outputs included. A symbolic
+    graph (`example_inputs` None) binds its inputs to the placeholders' symbolic metas."""
     interp = Interpreter(builder)
     _bind_inputs(gm, example_inputs, builder, interp)
     outputs = interp.run_nodes(list(gm.graph.nodes))
@@ -90,9 +105,6 @@ def build_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None =
     covers = _covering_values(gm, interp.env, metas)
     builder.graph.outputs = _outputs(builder, values, metas, covers)
     _drop_unread_empties(builder.graph)
-    log.debug("lowered %d FX nodes into %r in %.3f s", len(gm.graph.nodes), builder.graph,
-              time.perf_counter() - start)
-    return builder.graph
 
 
 def _drop_unread_empties(graph: IRGraph) -> None:
@@ -162,7 +174,8 @@ def _input_value(node: torch.fx.Node, i: int, example_inputs: Sequence[Any] | No
     if example_inputs is not None and i < len(example_inputs) and \
             isinstance(example_inputs[i], torch.Tensor):
         return example_inputs[i]
-    return node.meta.get("val")
+    val = node.meta.get("val")
+    return symbolic.lower_metas(val) if symbolic.active() else val
 
 
 def _compute_device(values: Sequence[Any]) -> torch.device | None:

@@ -28,9 +28,13 @@ import functools
 import math
 from typing import Any, Iterable, Mapping, Union
 
-__all__ = ["Div", "Expr", "IndexLike", "Sym", "affine_form", "as_expr", "sym"]
+from kiln.lower.size_atoms import SIZE_MAX, Mono, Size, flatten_factors, make_product
+
+__all__ = ["Div", "Expr", "IndexLike", "Mono", "Size", "Sym", "affine_form", "as_expr", "as_size",
+           "is_static", "size_expr", "size_hint", "size_names", "sym"]
 
 IndexLike = Union["Expr", int]
+SizeLike = Union["Expr", int]  # an int, or an Expr over `Size` atoms only (a symbolic size)
 
 
 class Sym:
@@ -38,9 +42,9 @@ class Sym:
 
     __slots__ = ("name", "size", "_hash")
 
-    def __init__(self, name: str, size: int) -> None:
+    def __init__(self, name: str, size: SizeLike) -> None:
         self.name = name
-        self.size = int(size)
+        self.size = as_size(size)
         self._hash = hash(("Sym", name, self.size))
 
     def __eq__(self, other: object) -> bool:
@@ -50,10 +54,12 @@ class Sym:
         return self._hash
 
     def bounds(self) -> tuple[int, int]:
+        if isinstance(self.size, Expr):
+            return 0, self.size.bounds()[1] - 1
         return 0, self.size - 1
 
     def sort_key(self) -> tuple:
-        return (0, _natural_key(self.name), self.size)
+        return (0, _natural_key(self.name), str(self.size))
 
     def __str__(self) -> str:
         return self.name
@@ -67,10 +73,10 @@ class Div:
 
     __slots__ = ("arg", "div", "mod", "_hash", "_str")
 
-    def __init__(self, arg: Expr, div: int, mod: int | None) -> None:
+    def __init__(self, arg: Expr, div: SizeLike, mod: SizeLike | None) -> None:
         self.arg = arg
-        self.div = int(div)
-        self.mod = None if mod is None else int(mod)
+        self.div = as_size(div)
+        self.mod = None if mod is None else as_size(mod)
         self._hash = hash(("Div", arg, self.div, self.mod))
         self._str: str | None = None
 
@@ -83,6 +89,8 @@ class Div:
 
     def bounds(self) -> tuple[int, int]:
         lo, hi = self.arg.bounds()
+        if isinstance(self.div, Expr) or isinstance(self.mod, Expr):
+            return _symbolic_div_bounds(lo, hi, self.div, self.mod)
         if self.div != 1:
             lo, hi = lo // self.div, hi // self.div
         if self.mod is None:
@@ -97,9 +105,10 @@ class Div:
     def __str__(self) -> str:
         if self._str is None:
             arg = self.arg.str_operand()
-            text = arg if self.div == 1 else f"{arg}//{self.div}"
+            div, mod = _size_operand(self.div), _size_operand(self.mod)
+            text = arg if self.div == 1 else f"{arg}//{div}"
             if self.mod is not None:
-                text = f"({text}) % {self.mod}" if self.div != 1 else f"{arg} % {self.mod}"
+                text = f"({text}) % {mod}" if self.div != 1 else f"{arg} % {mod}"
             self._str = text
         return self._str
 
@@ -107,7 +116,7 @@ class Div:
         return f"Div({self.arg!r}, {self.div}, {self.mod})"
 
 
-Atom = Union[Sym, Div]
+Atom = Union[Sym, Div, Size, Mono]
 
 
 class Expr:
@@ -140,6 +149,8 @@ class Expr:
                 continue
             acc[atom] = acc.get(atom, 0) + coef
         const += _merge_div_pairs(acc)
+        if any(isinstance(a, Mono) for a in acc):
+            _merge_size_div_pairs(acc)
         return Expr({a: c for a, c in acc.items() if c != 0}, const)
 
     @property
@@ -174,17 +185,26 @@ class Expr:
         if not other.is_constant:
             if self.is_constant:
                 return other * self.const
-            raise TypeError(f"index expressions stay affine: cannot multiply {self} by {other}")
+            if not (self.is_size() or other.is_size()):
+                raise TypeError(f"index expressions stay affine: cannot multiply {self} by "
+                                f"{other}")
+            return _product(self, other)
         k = other.const
         return Expr.make([(a, c * k) for a, c in self.terms], self.const * k)
 
     __rmul__ = __mul__
 
     def __floordiv__(self, other: IndexLike) -> Expr:
-        return floordiv(self, _int_of(other))
+        return floordiv(self, as_size(other))
 
     def __mod__(self, other: IndexLike) -> Expr:
-        return modulo(self, _int_of(other))
+        return modulo(self, as_size(other))
+
+    def is_size(self) -> bool:
+        """Whether this is a symbolic size: only `Size` atoms and their products."""
+        return bool(self.terms) and all(
+            isinstance(a, Size) or (isinstance(a, Mono) and a.sizes_only())
+            for a, _ in self.terms)
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -203,7 +223,11 @@ class Expr:
     def free_symbols(self) -> set[Sym]:
         out: set[Sym] = set()
         for atom, _ in self.terms:
-            out |= {atom} if isinstance(atom, Sym) else atom.arg.free_symbols()
+            for factor in flatten_factors(atom):
+                if isinstance(factor, Sym):
+                    out.add(factor)
+                elif isinstance(factor, Div):
+                    out |= factor.arg.free_symbols()
         return out
 
     def linear_coefficients(self) -> dict[Sym, int] | None:
@@ -215,15 +239,32 @@ class Expr:
             out[atom] = coef
         return out
 
+    def size_coefficients(self) -> tuple[dict[Sym, SizeLike], SizeLike] | None:
+        """`({sym: coef}, const)` when the expression is `const + sum(coef * sym)` with each
+        coef and const an int or a symbolic size (`s0*x1 + 64*x0`), else None."""
+        coefs: dict[Sym, Expr] = {}
+        const = as_expr(self.const)
+        for atom, coef in self.terms:
+            factors = flatten_factors(atom)
+            syms = [f for f in factors if not isinstance(f, Size)]
+            if any(not isinstance(f, (Sym, Size)) for f in factors) or len(syms) > 1:
+                return None
+            scale = as_expr(coef)
+            for f in factors:
+                if isinstance(f, Size):
+                    scale = scale * Expr({f: 1})
+            if syms:
+                coefs[syms[0]] = coefs.get(syms[0], as_expr(0)) + scale
+            else:
+                const = const + scale
+        return {k: as_size(v) for k, v in coefs.items()}, as_size(const)
+
     def subs(self, mapping: Mapping[Sym, IndexLike]) -> Expr:
         total = Expr((), self.const)
         for atom, coef in self.terms:
-            if isinstance(atom, Sym):
-                value = as_expr(mapping[atom]) if atom in mapping else Expr({atom: 1})
-            else:
-                inner = atom.arg.subs(mapping)
-                value = floordiv(inner, atom.div) if atom.mod is None else \
-                    modulo(floordiv(inner, atom.div), atom.mod)
+            value = as_expr(1)
+            for factor in flatten_factors(atom):
+                value = value * _subs_atom(factor, mapping)
             total = total + value * coef
         return total
 
@@ -231,14 +272,10 @@ class Expr:
         """The value with each symbol name bound in `env` (ints or integer torch tensors)."""
         total: Any = self.const
         for atom, coef in self.terms:
-            if isinstance(atom, Sym):
-                value = env[atom.name]
-            else:
-                value = atom.arg.evaluate(env)
-                if atom.div != 1:
-                    value = value // atom.div
-                if atom.mod is not None:
-                    value = value % atom.mod
+            value: Any = None
+            for factor in flatten_factors(atom):
+                part = _evaluate_atom(factor, env)
+                value = part if value is None else value * part
             total = total + (value if coef == 1 else value * coef)
         return total
 
@@ -250,13 +287,14 @@ class Expr:
         return self._str
 
     def __repr__(self) -> str:
-        return f"Expr({self})"
+        # a symbolic size prints as the Python source of itself (wrapper text, IR dumps)
+        return str(self) if self.is_size() else f"Expr({self})"
 
     def str_operand(self) -> str:
         """str(self), parenthesized unless it is a single symbol or a non-negative constant."""
         text = str(self)
         atom = self.atom()
-        if isinstance(atom, Sym) or (self.is_constant and self.const >= 0):
+        if isinstance(atom, (Sym, Size)) or (self.is_constant and self.const >= 0):
             return text
         return f"({text})"
 
@@ -267,6 +305,20 @@ class Expr:
 
     def __hash__(self) -> int:
         return self._hash
+
+    # Order comparisons answer only what holds for every value of the symbols (by bounds);
+    # anything else raises, so no decision silently holds for one size only.
+    def __lt__(self, other: IndexLike) -> bool:
+        return _decide(self - other, lambda lo, hi: (hi < 0, lo >= 0))
+
+    def __le__(self, other: IndexLike) -> bool:
+        return _decide(self - other, lambda lo, hi: (hi <= 0, lo > 0))
+
+    def __gt__(self, other: IndexLike) -> bool:
+        return _decide(self - other, lambda lo, hi: (lo > 0, hi <= 0))
+
+    def __ge__(self, other: IndexLike) -> bool:
+        return _decide(self - other, lambda lo, hi: (lo >= 0, hi < 0))
 
     def __index__(self) -> int:
         if not self.is_constant:
@@ -297,13 +349,117 @@ def _int_of(value: Any) -> int:
     return int(value)
 
 
+def _decide(diff: Expr, test: Any) -> bool:
+    yes, no = test(*diff.bounds())
+    if yes or no:
+        return bool(yes)
+    raise TypeError(f"the sign of {diff} depends on the sizes")
+
+
+def size_expr(name: str, lo: int = 2, hi: int | None = None, hint: int | None = None) -> Expr:
+    """The expression of a symbolic size `name` in `[lo, hi]` (see `size_atoms.Size`)."""
+    return Expr.make([(Size(name, lo, SIZE_MAX if hi is None else hi, hint), 1)])
+
+
+def size_names(value: Any) -> set[str]:
+    """Names of the `Size` atoms in `value` (an int has none)."""
+    if not isinstance(value, Expr):
+        return set()
+    out: set[str] = set()
+    for atom, _ in value.terms:
+        for factor in flatten_factors(atom):
+            if isinstance(factor, Size):
+                out.add(factor.name)
+            elif isinstance(factor, Div):
+                out |= size_names(factor.arg) | size_names(factor.div) | size_names(factor.mod)
+            elif isinstance(factor, Sym):
+                out |= size_names(factor.size)
+    return out
+
+
+def size_hint(value: Any) -> int:
+    """An int as it is; a symbolic size at the example's sizes (for heuristics only)."""
+    return value.evaluate({}) if isinstance(value, Expr) else int(value)
+
+
+def is_static(value: Any) -> bool:
+    """Whether a size, stride or index is a known integer (not symbolic in the sizes)."""
+    return not isinstance(value, Expr) or value.is_constant
+
+
+def as_size(value: Any) -> SizeLike:
+    """An int, or the symbolic size `value` (an Expr over sizes); anything else raises."""
+    if isinstance(value, Expr):
+        if value.is_constant:
+            return value.const
+        if not value.is_size():
+            raise TypeError(f"{value} is not a size (it depends on a loop variable)")
+        return value
+    return _int_of(value)
+
+
+def _size_operand(value: SizeLike | None) -> str:
+    if isinstance(value, Expr):
+        return value.str_operand() if value.atom() is not None else f"({value})"
+    return str(value)
+
+
+def _symbolic_div_bounds(lo: int, hi: int, div: SizeLike, mod: SizeLike | None
+                         ) -> tuple[int, int]:
+    d_lo, d_hi = as_expr(div).bounds()
+    if lo >= 0:
+        lo, hi = lo // d_hi, hi // d_lo
+    else:
+        lo, hi = lo // d_lo, max(hi // d_lo, hi // d_hi)
+    if mod is None:
+        return lo, hi
+    m_lo, m_hi = as_expr(mod).bounds()
+    if lo >= 0 and hi < m_lo:
+        return lo, hi
+    return 0, m_hi - 1
+
+
+def _product(a: Expr, b: Expr) -> Expr:
+    """`a * b` where one side is a symbolic size (the result stays affine in loop variables)."""
+    terms = [(make_product(x, y), cx * cy) for x, cx in a.terms for y, cy in b.terms]
+    terms += [(x, cx * b.const) for x, cx in a.terms]
+    terms += [(y, cy * a.const) for y, cy in b.terms]
+    return Expr.make(terms, a.const * b.const)
+
+
+def _subs_atom(atom: Atom, mapping: Mapping[Sym, IndexLike]) -> Expr:
+    if isinstance(atom, Sym):
+        return as_expr(mapping[atom]) if atom in mapping else Expr({atom: 1})
+    if isinstance(atom, Size):
+        return Expr({atom: 1})
+    inner = atom.arg.subs(mapping)
+    value = floordiv(inner, atom.div)
+    return value if atom.mod is None else modulo(value, atom.mod)
+
+
+def _evaluate_atom(atom: Atom, env: Mapping[str, Any]) -> Any:
+    if isinstance(atom, Size):
+        return env.get(atom.name, atom.hint)  # heuristics evaluate at the example's sizes
+    if isinstance(atom, Sym):
+        return env[atom.name]
+    value = atom.arg.evaluate(env)
+    div = atom.div.evaluate(env) if isinstance(atom.div, Expr) else atom.div
+    if not (isinstance(div, int) and div == 1):
+        value = value // div
+    if atom.mod is not None:
+        value = value % (atom.mod.evaluate(env) if isinstance(atom.mod, Expr) else atom.mod)
+    return value
+
+
 def _natural_key(name: str) -> tuple:
     head = name.rstrip("0123456789")
     tail = name[len(head):]
     return (head, int(tail) if tail else -1)
 
 
-def floordiv(expr: Expr, d: int) -> Expr:
+def floordiv(expr: Expr, d: SizeLike) -> Expr:
+    if isinstance(d, Expr):
+        return _floordiv_size(expr, d)
     if d <= 0:
         raise ValueError(f"index floor division by {d}")
     if d == 1:
@@ -333,7 +489,9 @@ def _floordiv_rest(rest: Expr, d: int) -> Expr:
     return Expr.make([(Div(rest, d, None), 1)])
 
 
-def modulo(expr: Expr, m: int) -> Expr:
+def modulo(expr: Expr, m: SizeLike) -> Expr:
+    if isinstance(m, Expr):
+        return _modulo_size(expr, m)
     if m <= 0:
         raise ValueError(f"index modulo by {m}")
     rest = Expr([(a, c) for a, c in expr.terms if c % m != 0], expr.const % m)
@@ -353,6 +511,105 @@ def modulo(expr: Expr, m: int) -> Expr:
     if isinstance(inner, Div) and inner.mod % m == 0:
         return Expr.make([(Div(inner.arg, inner.div, m), 1)])
     return Expr.make([(Div(rest, 1, m), 1)])
+
+
+# -- division by a symbolic size -------------------------------------------------------------------
+# Only rules that hold for every value of the sizes: exact division of the terms that are
+# multiples of the divisor, and a remainder proved to lie in [0, divisor) by a symbolic bound.
+
+def _floordiv_size(expr: Expr, d: Expr) -> Expr:
+    quotient, rest = _split_multiples(expr, d)
+    if rest == 0 or _provably_below(rest, d):
+        return quotient
+    inner = rest.atom()
+    if isinstance(inner, Div) and inner.mod is None:
+        return quotient + Expr.make([(Div(inner.arg, as_expr(inner.div) * d, None), 1)])
+    return quotient + Expr.make([(Div(rest, d, None), 1)])
+
+
+def _modulo_size(expr: Expr, m: Expr) -> Expr:
+    _, rest = _split_multiples(expr, m)
+    if _provably_below(rest, m):
+        return rest
+    inner = rest.atom()
+    if isinstance(inner, Div) and inner.mod == m:
+        return rest
+    if isinstance(inner, Div) and inner.mod is None:
+        return Expr.make([(Div(inner.arg, inner.div, m), 1)])
+    return Expr.make([(Div(rest, 1, m), 1)])
+
+
+def _split_multiples(expr: Expr, d: Expr) -> tuple[Expr, Expr]:
+    """(q, r) with `expr == d*q + r`: q collects the terms that are multiples of `d` (a single
+    monomial `k*s0*s1`); r is the rest."""
+    if d.const != 0 or len(d.terms) != 1:
+        return as_expr(0), expr
+    (dmono, dcoef), = d.terms
+    want = list(flatten_factors(dmono))
+    quotient: list[tuple[Atom, int]] = []
+    rest: list[tuple[Atom, int]] = []
+    for atom, coef in expr.terms:
+        left = _remove_factors(list(flatten_factors(atom)), want)
+        if left is None or coef % dcoef != 0:
+            rest.append((atom, coef))
+        elif not left:
+            quotient.append((None, coef // dcoef))
+        else:
+            quotient.append((left[0] if len(left) == 1 else Mono(tuple(left)), coef // dcoef))
+    const = sum(c for a, c in quotient if a is None)
+    q = Expr.make([(a, c) for a, c in quotient if a is not None], const)
+    return q, Expr.make(rest, expr.const)
+
+
+def _remove_factors(factors: list, want: list) -> list | None:
+    for factor in want:
+        if factor not in factors:
+            return None
+        factors.remove(factor)
+    return factors
+
+
+def _provably_below(rest: Expr, d: Expr) -> bool:
+    """Whether `0 <= rest < d` for every value of the sizes."""
+    if rest.bounds()[0] < 0:
+        return False
+    upper = symbolic_upper(rest)
+    if upper is None:
+        return False
+    gap = d - upper - 1
+    return gap.bounds()[0] >= 0 and all(isinstance(a, (Size, Mono)) for a, _ in gap.terms)
+
+
+def symbolic_upper(expr: Expr) -> Expr | None:
+    """An upper bound of `expr` as an expression of the sizes (None when none is known):
+    a loop variable over `[0, n)` is at most `n - 1`, a size is itself."""
+    total = as_expr(expr.const)
+    for atom, coef in expr.terms:
+        lo, hi = _atom_range(atom)
+        if lo is None or hi is None:
+            return None
+        total = total + (hi if coef > 0 else lo) * coef
+    return total
+
+
+def _atom_range(atom: Atom) -> tuple[Expr | None, Expr | None]:
+    if isinstance(atom, Size):
+        return Expr({atom: 1}), Expr({atom: 1})
+    if isinstance(atom, Sym):
+        return as_expr(0), as_expr(atom.size) - 1
+    if isinstance(atom, Div):
+        if atom.mod is None or atom.arg.bounds()[0] < 0:
+            return None, None
+        return as_expr(0), as_expr(atom.mod) - 1
+    sizes = [f for f in atom.factors if isinstance(f, Size)]
+    others = [f for f in atom.factors if not isinstance(f, Size)]
+    if len(others) != 1:
+        return None, None
+    lo, hi = _atom_range(others[0])
+    if lo is None or hi is None or lo.bounds()[0] < 0:
+        return None, None
+    scale = Expr.make([(sizes[0] if len(sizes) == 1 else Mono(tuple(sizes)), 1)])
+    return lo * scale, hi * scale
 
 
 def _split_low(expr: Expr) -> tuple[int, Expr, Expr] | None:
@@ -392,10 +649,40 @@ def _merge_div_pairs(acc: dict[Atom, int]) -> int:
             acc[new] = acc.get(new, 0) + take
 
 
+def _merge_size_div_pairs(acc: dict[Atom, int]) -> None:
+    """The symbolic form of `_merge_div_pairs`: `c*((e//d) % m) + c*m*(e//(d*m))` is
+    `c*(e//d)` for a size `m` (the flat index of a reshape over a symbolic dim, read back)."""
+    while True:
+        pair = _find_size_div_pair(acc)
+        if pair is None:
+            return
+        low, high, take, k = pair
+        acc[low] -= take
+        acc[high] -= take * k
+        merged = floordiv(low.arg, low.div)
+        for a, c in merged.terms:
+            acc[a] = acc.get(a, 0) + c * take
+
+
+def _find_size_div_pair(acc: dict[Atom, int]) -> tuple[Div, Atom, int, int] | None:
+    for atom, coef in acc.items():
+        if not (isinstance(atom, Div) and isinstance(atom.mod, Expr)) or coef == 0 \
+                or len(atom.mod.terms) != 1 or atom.mod.const != 0:
+            continue
+        (mono, k), = atom.mod.terms
+        outer = Div(atom.arg, as_expr(atom.div) * atom.mod, None)
+        high = make_product(mono, outer)
+        if acc.get(high, 0) == coef * k:
+            return atom, high, coef, k
+    return None
+
+
 def _find_div_pair(acc: dict[Atom, int]) -> tuple[Div, Div, int] | None:
     for atom, coef in acc.items():
         if not isinstance(atom, Div) or atom.mod is None or coef == 0:
             continue
+        if isinstance(atom.mod, Expr):
+            continue  # see _merge_size_div_pairs
         for other, other_coef in acc.items():
             if (isinstance(other, Div) and other.arg == atom.arg
                     and other.div == atom.div * atom.mod and other_coef == coef * atom.mod):
@@ -452,7 +739,7 @@ def affine_form(expr: Expr) -> Expr:
 def _affine_groups(expr: Expr) -> Expr:
     groups: list[tuple[set[Sym], list[tuple[Atom, int]]]] = []
     for atom, coef in expr.terms:
-        syms = {atom} if isinstance(atom, Sym) else atom.arg.free_symbols()
+        syms = Expr({atom: 1}).free_symbols()
         merged = [g for g in groups if g[0] & syms]
         for g in merged:
             groups.remove(g)
@@ -476,6 +763,10 @@ def _prove_affine(part: Expr, syms: set[Sym]) -> Expr | None:
     import torch
 
     order = sorted(syms, key=lambda s: s.sort_key())
+    if part.free_symbols() != syms or any(not isinstance(s.size, int) for s in order) \
+            or any(not isinstance(f, (Sym, Div)) for a, _ in part.terms
+                   for f in flatten_factors(a)):
+        return None  # symbolic sizes: an exhaustive check proves nothing for other sizes
     if math.prod(s.size for s in order) > AFFINE_CHECK_LIMIT:
         return None
     env = {}

@@ -79,6 +79,7 @@ class IRGraph:
         self.mutations: list[tuple[str, TensorArg]] = []
         self.buffers: dict[str, Buffer] = {}
         self.moved_inputs: list[str] = []
+        self.symbolic = False  # sizes are expressions of `Size` atoms (kiln.lower.symbolic)
 
     def add_buffer(self, buf: Buffer) -> Buffer:
         if buf.name in self.buffers:

@@ -25,7 +25,7 @@ from typing import Any, Sequence
 import torch
 import torch.fx
 
-from kiln.lower import _compat, decomposition_tables
+from kiln.lower import _compat, decomposition_tables, symbolic
 from kiln.lower.ir import (
     ComputedBuffer,
     Extern,
@@ -233,17 +233,26 @@ class Interpreter:
         if node.target is operator.getitem:
             return args[0][args[1]]
         op = node.target
+        if symbolic.active():
+            if not isinstance(op, _compat.OpOverload):
+                return symbolic.python_op(node, args)
+            args, kwargs = symbolic.lower_metas(args), symbolic.lower_metas(kwargs)
         if not isinstance(op, _compat.OpOverload):
             raise LoweringError(f"lower expects ATen OpOverloads, got {op!r} in node {node.name}",
                                 hint="trace the graph to ATen first (the autograd stage)")
         call = Call(self.builder, node, op, _metas(node.args), _metas(node.kwargs),
                     node.meta.get("val"), self.origin(node))
+        raw_metas = (call.meta_args, call.meta_kwargs)
+        if symbolic.active():
+            call = symbolic_call(call)
         for checker, fn in lowerings.get(op, ()):
             if checker(call, *args, **kwargs):
                 return fn(call, *args, **kwargs)
         if op._schema.is_mutable:
             return self.lower_inplace(call, node, args, kwargs)
-        graph = decomposition_tables.decompose(op, call.meta_args, call.meta_kwargs)
+        decompose = decomposition_tables.decompose_symbolic if symbolic.active() else \
+            decomposition_tables.decompose
+        graph = decompose(op, *raw_metas)
         if graph is not None:
             return self.inline(graph, call, args, kwargs)
         return self.builder.call_kernel(_fallback_cls(), "fallback", call, args, kwargs)
@@ -321,6 +330,15 @@ def _is_view(node: torch.fx.Node) -> bool:
         return False
     alias = op._schema.returns[0].alias_info
     return alias is not None and not alias.is_write
+
+
+def symbolic_call(call: Call) -> Call:
+    """`call` with its metas seen through `symbolic.lower_metas` (Expr sizes)."""
+    import dataclasses
+
+    return dataclasses.replace(call, meta_args=symbolic.lower_metas(call.meta_args),
+                               meta_kwargs=symbolic.lower_metas(call.meta_kwargs),
+                               out=symbolic.lower_metas(call.out))
 
 
 def _metas(value: Any) -> Any:

@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from kiln.lower.index import Expr, affine_form, sym
+from kiln.lower.index import Expr, affine_form, as_size, sym
 from kiln.lower.ir import Buffer, Layout, Origin, Pointwise, TensorArg, compute_dtype
 from kiln.lower.ops import ops
 
@@ -44,7 +44,7 @@ class TensorValue:
 
     def __init__(self, size: Sequence[int], dtype: torch.dtype, device: torch.device,
                  origins: Sequence[Origin] = ()) -> None:
-        self.size = tuple(int(s) for s in size)
+        self.size = tuple(as_size(s) for s in size)
         self.dtype = dtype
         self.device = device
         self.origins = tuple(origins)
@@ -190,9 +190,10 @@ def strided_view(value: TensorValue) -> TensorArg | None:
         return None
     index = [sym(f"v{d}", s) for d, s in enumerate(value.size)]
     flat = affine_form(base.layout.index(reindex(index)))
-    coefs = flat.linear_coefficients()
-    if coefs is None:
+    affine = flat.size_coefficients()
+    if affine is None:
         return None
+    coefs, offset = affine
     by_name = {s.name: c for s, c in coefs.items()}
     if len(by_name) != len(coefs):
         return None
@@ -201,5 +202,5 @@ def strided_view(value: TensorValue) -> TensorArg | None:
         stride.append(by_name.pop(f"v{d}", 0 if s != 1 else 1))
     if by_name:  # a symbol that is not a loop variable (indirect)
         return None
-    return TensorArg(buf.name, buf.dtype, value.size, tuple(stride), flat.const)
+    return TensorArg(buf.name, buf.dtype, value.size, tuple(stride), offset)
 

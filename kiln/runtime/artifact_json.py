@@ -134,6 +134,7 @@ _KERNEL_FIELDS: dict[str, Callable[[Any], bool]] = {
         is_int(g) and g >= 0 for g in v),
     "kind": lambda v: isinstance(v, str), "reduction_class": lambda v: isinstance(v, str),
     "index_checks": lambda v: isinstance(v, bool),
+    "size_args": lambda v: v == [],  # kernels with symbolic sizes are not warm-started
     "origins": lambda v: isinstance(v, list) and all(
         isinstance(o, list) and len(o) == 3 and isinstance(o[0], str) and isinstance(o[1], str)
         and isinstance(o[2], (str, type(None))) for o in v),

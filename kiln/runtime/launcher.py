@@ -41,7 +41,7 @@ from kiln.errors import KilnError
 from kiln.runtime import binaries
 from kiln.runtime.disk_cache import configure_triton_cache
 
-__all__ = ["Launcher", "build_launchers", "check_kernel_devices", "compile_mode", "stage_timer"]
+__all__ = ["Launcher", "SymbolicLauncher", "build_launchers", "check_kernel_devices", "compile_mode", "stage_timer"]
 
 log = logging.getLogger("kiln.runtime")
 
@@ -194,6 +194,27 @@ class Launcher:
         self._launch = first_launch
 
 
+class SymbolicLauncher(Launcher):
+    """A kernel with symbolic sizes: `launcher(*tensors, *sizes)`, the sizes in
+    `spec.size_args` order. The grid is computed from the sizes at each launch; launches go
+    through `fn[grid](...)` (Triton's own dispatch compiles one binary per argument
+    specialization and reuses it)."""
+
+    def __call__(self, *args: Any, stream: int | None = None) -> None:
+        count = len(self.spec.args)
+        tensors, sizes = args[:count], args[count:]
+        self._check_arity(tensors)
+        env = dict(zip(self.spec.size_args, (int(s) for s in sizes)))
+        grid = tuple(int(g) for g in self.spec.grid(self.meta, env))
+        try:
+            self.fn[grid](*(_storage(t) for t in tensors), *env.values(), **self.meta,
+                          **self.options)
+        except Exception as exc:  # the interpreter wraps a bounds check's IndexError
+            if isinstance(exc.__cause__, IndexError):
+                raise type(exc.__cause__)(f"{exc.__cause__} ({self.name})") from exc
+            raise
+
+
 def _resolve(kernel: Any) -> Any:
     """A FutureKernel (async compile) → its CompiledKernel."""
     result = getattr(type(kernel), "result", None)
@@ -324,11 +345,12 @@ def build_launchers(specs: Sequence[KernelSpec], *, parallel: bool = True,
     without, each kernel compiles on its first launch. Compiles are deterministic (source
     files and Triton's cache keys depend only on the source and options)."""
     configure_triton_cache()
-    launchers = [Launcher(spec, compile_kernel(spec)) for spec in specs]
+    launchers = [(SymbolicLauncher if getattr(spec, "size_args", ()) else Launcher)(
+        spec, compile_kernel(spec)) for spec in specs]
     if _interpreting() or not torch.cuda.is_available():
         return launchers
-    todo = [(lc, sig) for lc in launchers
-            if (sig := _arg_dtypes(lc.spec, dtypes)) is not None]
+    todo = [(lc, sig) for lc in launchers if not isinstance(lc, SymbolicLauncher)
+            and (sig := _arg_dtypes(lc.spec, dtypes)) is not None]
     if todo:
         start = time.perf_counter()
         for lc, sig in todo:  # binaries an earlier process compiled: no Triton compile call

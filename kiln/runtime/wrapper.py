@@ -25,6 +25,7 @@ import torch
 from kiln.lower.ir import (Buffer, ConstantBuffer, ExternKernel, ExternOutput, Fallback,
                            IRGraph, InputBuffer, TensorArg)
 from kiln.lower.printer import format_value
+from kiln.runtime.symbolic import symbolic_prologue
 from kiln.schedule import FusedGroup, Schedule
 
 __all__ = ["WrapperCode", "aligned_bias", "fit_layout", "generate_wrapper", "load_wrapper",
@@ -40,6 +41,7 @@ DENSE_LAST_DIM = ("attention", "attention_backward")
 _PRELUDE = """\
 import torch
 from kiln.runtime.wrapper import aligned_bias, fit_layout, reinterpret, storage_base
+from kiln.runtime.symbolic import check_extents
 aten = torch.ops.aten
 empty_strided = torch.empty_strided
 as_strided = torch.as_strided
@@ -282,6 +284,9 @@ class _Writer:
                   for i, buf in enumerate(graph.inputs)]
         if params:
             self._line(f"{', '.join(params)}, = args")
+        if graph.symbolic:
+            for line in symbolic_prologue(graph):
+                self._line(line)
         for name in graph.moved_inputs:  # a CPU scalar tensor: kernels cannot read host memory
             device = graph.buffers[name].layout.device
             self._line(f"{name} = {name}.to({self._device(device)})")
@@ -343,7 +348,8 @@ class _Writer:
         self._line(f"# {group.name}: {spec.kind} [{nodes}] {_origins(group.origins)}")
         for name in spec.writes:
             self._allocate(name)
-        args = ", ".join(self._kernel_arg(self._resolve_name(n)) for n in spec.args)
+        args = ", ".join([self._kernel_arg(self._resolve_name(n)) for n in spec.args]
+                         + list(getattr(spec, "size_args", ())))
         self._line(f"{spec.name}({args})")
         self.kernels.append(spec.name)
 
@@ -393,7 +399,11 @@ def _fits(old: Buffer, new: Buffer) -> bool:
     def nbytes(buf: Buffer) -> int:
         return buf.layout.storage_size() * buf.dtype.itemsize
 
-    return old.layout.device == new.layout.device and nbytes(old) >= nbytes(new) \
+    try:
+        big_enough = nbytes(old) >= nbytes(new)
+    except TypeError:  # symbolic sizes whose order depends on the sizes: no reuse
+        return False
+    return old.layout.device == new.layout.device and big_enough \
         and not isinstance(old, (InputBuffer, ConstantBuffer))
 
 

@@ -106,6 +106,8 @@ def _merge_gemms(plan: Schedule) -> Schedule:
 
 
 def _regroup_attention(plan: Schedule) -> Schedule:
+    if plan.graph.symbolic:  # the regrouping searches divisors of the batch: a static size
+        return plan
     regroup_attention(plan.graph)
     return plan
 
@@ -119,6 +121,8 @@ def _elide_copies(plan: Schedule) -> Schedule:
 
 
 def _split_reductions(plan: Schedule) -> Schedule:
+    if plan.graph.symbolic:  # chunk counts must divide rnumel: sizes only known at run time
+        return plan
     plan.split = split_reductions(plan.graph)
     return plan
 

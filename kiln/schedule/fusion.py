@@ -25,6 +25,7 @@ import heapq
 import math
 from collections.abc import Callable, Iterable
 
+from kiln.lower.index import size_hint
 from kiln.lower.deps import DepsCollector, ReadWrites
 from kiln.lower.ir import ComputedBuffer, ExternKernel, IRGraph, TensorArg, loop_vars
 from kiln.lower.ops import use_handler
@@ -342,7 +343,8 @@ def _bytes(graph: IRGraph, name: str) -> int:
     buf = graph.buffers.get(name)
     if buf is None:
         return 0
-    return buf.layout.storage_size() * buf.layout.dtype.itemsize
+    # a heuristic (peak memory): symbolic sizes count at the example's sizes
+    return size_hint(buf.layout.storage_size()) * buf.layout.dtype.itemsize
 
 
 def observed_buffers(graph: IRGraph) -> set[str]:

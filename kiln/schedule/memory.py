@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from kiln.lower.index import size_hint
 from kiln.lower.ir import ExternKernel, IRGraph, TensorArg
 from kiln.schedule.plan import FusedGroup
 
@@ -94,4 +95,4 @@ def live_bytes(steps: Sequence[FusedGroup | ExternKernel], graph: IRGraph,
 
 def _size(graph: IRGraph, name: str) -> int:
     lay = graph.buffers[name].layout
-    return lay.storage_size() * lay.dtype.itemsize
+    return size_hint(lay.storage_size()) * lay.dtype.itemsize  # symbolic: at the example

@@ -7,6 +7,8 @@ Importing this package fills the rule table `kiln.lower.rule_table.lowerings`:
 """
 from __future__ import annotations
 
-from kiln.lower.rules import extern, indexing, inplace, pointwise, pooling, reduction, views
+from kiln.lower.rules import (extern, indexing, inplace, pointwise, pooling, reduction, sizes,
+                              views)
 
-__all__ = ["extern", "indexing", "inplace", "pointwise", "pooling", "reduction", "views"]
+__all__ = ["extern", "indexing", "inplace", "pointwise", "pooling", "reduction", "sizes",
+           "views"]

@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from kiln.lower.index import Expr
+from kiln.lower.index import Expr, as_size
 from kiln.lower.ir import Pointwise, compute_dtype
 from kiln.lower.rule_table import Call
 from kiln.lower.ops import ops
@@ -58,7 +58,7 @@ def pointwise(call: Call, size: Sequence[int], inner_fn: Loader, dtype: torch.dt
     if stride is None and meta is not None and tuple(meta.shape) == tuple(size):
         stride = tuple(meta.stride())
     origins = [*inlined_origins(inputs), call.origin]
-    data = Pointwise(tuple(int(s) for s in size), inner_fn, compute_dtype(dtype))
+    data = Pointwise(tuple(as_size(s) for s in size), inner_fn, compute_dtype(dtype))
     return PointwiseValue(data, dtype, call.device, origins, stride)
 
 

@@ -135,8 +135,19 @@ def _divide(call: Call, total: TensorValue, n: float, dtype: torch.dtype, size: 
             inputs: Sequence[Any]) -> TensorValue:
     comp = compute_dtype(dtype)
     load = loader_as(total, comp)
-    k = scalar_loader(n, comp)
+    k = _count_loader(n, comp)
     return pointwise(call, size, lambda i: ops.truediv(load(i), k(i)), dtype, inputs)
+
+
+def _count_loader(n: Any, dtype: torch.dtype) -> Any:
+    """The element count a mean divides by: a constant, or a symbolic size read in the kernel."""
+    if isinstance(n, Expr):
+        return lambda index: ops.index_expr(n, dtype)
+    return scalar_loader(n, dtype)
+
+
+def _as_count(n: Any) -> Any:
+    return n if isinstance(n, Expr) else float(n)
 
 
 @register(aten.mean.dim, aten.mean.default)
@@ -145,7 +156,17 @@ def lower_mean(call: Call, x: TensorValue, dim: Any = None, keepdim: bool = Fals
     out = _out(call)
     comp = compute_dtype(out.dtype)
     total = reduce(call, x, dim, keepdim, "sum", comp, stride=tuple(out.stride()))
-    return _divide(call, total, float(_count(x, dim)), out.dtype, out.shape, [total])
+    return _divide(call, total, _as_count(_count(x, dim)), out.dtype, out.shape, [total])
+
+
+def _denominator(n: Any, correction: float) -> Any:
+    """max(n - correction, 0): a symbolic count only with an integral correction below 2
+    (n >= 2 for every size), else the symbolic path refuses."""
+    if isinstance(n, Expr):
+        if correction != int(correction) or correction > n.bounds()[0]:
+            raise TypeError(f"variance of {n} elements with correction {correction}")
+        return n - int(correction)
+    return max(n - correction, 0.0)
 
 
 def _squeeze_view(value: TensorValue, rdims: Sequence[int]) -> TensorValue:
@@ -165,7 +186,7 @@ def _var_mean(call: Call, x: TensorValue, dim: Any, correction: float | None,
     n = _count(x, dim)
     kept_size = [1 if d in rdims else s for d, s in enumerate(x.size)]
     total = reduce(call, x, rdims, True, "sum", comp)
-    mean = _divide(call, total, float(n), comp, kept_size, [total])
+    mean = _divide(call, total, _as_count(n), comp, kept_size, [total])
     mean_b = loader_as(mean, comp, x.size)
     lx = loader_as(x, comp, into=out_dtype)
 
@@ -175,10 +196,10 @@ def _var_mean(call: Call, x: TensorValue, dim: Any, correction: float | None,
 
     sq = pointwise(call, x.size, deviation, comp, [x, mean], stride=None)
     squares = reduce(call, sq, rdims, True, "sum", comp)
-    denom = max(n - (1.0 if correction is None else correction), 0.0)
+    denom = _denominator(n, 1.0 if correction is None else correction)
     var = _divide(call, squares, denom, out_dtype, kept_size, [squares])
     if out_dtype != comp:
-        mean = _divide(call, total, float(n), out_dtype, kept_size, [total])
+        mean = _divide(call, total, _as_count(n), out_dtype, kept_size, [total])
     if not keepdim:
         var, mean = _squeeze_view(var, rdims), _squeeze_view(mean, rdims)
     return var, mean

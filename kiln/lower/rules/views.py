@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 import torch
 
-from kiln.lower.index import Expr, as_expr
+from kiln.lower.index import Expr, as_expr, as_size
 from kiln.lower.ir import compute_dtype, contiguous_strides
 from kiln.lower.rule_table import Call, register
 from kiln.lower.ops import ops
@@ -31,7 +31,7 @@ def _view(call: Call, x: TensorValue, size: Sequence[int], reindex: Any) -> Tens
 
 
 def reshape_view(x: TensorValue, size: Sequence[int]) -> tuple[tuple[int, ...], Any]:
-    size = tuple(int(s) for s in size)
+    size = tuple(as_size(s) for s in size)
     if -1 in size:
         known = math.prod(s for s in size if s != -1)
         size = tuple(x.numel // known if s == -1 else s for s in size)

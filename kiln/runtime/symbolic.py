@@ -1,0 +1,78 @@
+"""symbolic: the run-time side of kernels with symbolic sizes (issue 15, stage C).
+
+A graph lowered with symbolic sizes (`IRGraph.symbolic`) has layouts, loop ranges and strides
+that are expressions of size symbols (`s0`). Its wrapper binds each symbol from an input's shape
+at every call (`s0 = x.shape[0]`: the symbol's source is the first input dim that is exactly
+that symbol), then computes allocation sizes, strides and kernel grids from them; the kernels
+take the symbols as arguments (`KernelSpec.size_args`), so one compile serves every size.
+
+Kernels index in int32: the wrapper checks at every call that no buffer's extent reaches
+2**31 (`check_extents`) and raises `SymbolicSizeOverflow` otherwise, which the backend answers
+by compiling for those sizes (`kiln/backends/per_size.py`).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from kiln.lower.index import Expr, size_names
+from kiln.lower.ir import IRGraph
+
+__all__ = ["SymbolicSizeOverflow", "check_extents", "size_sources", "symbolic_prologue"]
+
+INT32_EXTENT = 2**31 - 1
+
+
+class SymbolicSizeOverflow(RuntimeError):
+    """A call's sizes make some buffer too large for the kernels' int32 index math."""
+
+
+def check_extents(*extents: int) -> None:
+    if extents and max(extents) >= INT32_EXTENT:
+        raise SymbolicSizeOverflow(f"a buffer of {max(extents)} elements needs 64-bit "
+                                   "indices; the symbolic kernels index in 32 bits")
+
+
+class SymbolicWrapperError(RuntimeError):
+    """A size symbol of the graph has no input dim to read it from."""
+
+
+def size_sources(graph: IRGraph) -> dict[str, tuple[str, int]]:
+    """Each size symbol → (input name, dim) whose size it is."""
+    sources: dict[str, tuple[str, int]] = {}
+    for buf in graph.inputs:
+        if buf is None:
+            continue
+        for d, size in enumerate(buf.layout.size):
+            name = _plain_symbol(size)
+            if name is not None:
+                sources.setdefault(name, (buf.name, d))
+    return sources
+
+
+def _plain_symbol(size: Any) -> str | None:
+    if isinstance(size, Expr) and size.const == 0 and len(size.terms) == 1:
+        (atom, coef), = size.terms
+        if coef == 1 and size_names(size) == {str(atom)}:
+            return str(atom)
+    return None
+
+
+def symbolic_prologue(graph: IRGraph) -> list[str]:
+    """The wrapper lines that bind the size symbols and check the extents."""
+    sources = size_sources(graph)
+    needed: set[str] = set()
+    extents: list[str] = []
+    for buf in graph.buffers.values():
+        lay = buf.layout
+        for value in (*lay.size, *lay.stride, lay.offset):
+            needed |= size_names(value)
+        if size_names(lay.storage_size()):
+            extents.append(str(lay.storage_size()))
+    missing = needed - set(sources)
+    if missing:
+        raise SymbolicWrapperError(f"no input dim gives the size(s) {sorted(missing)}")
+    lines = [f"{name} = {src}.shape[{d}]" for name, (src, d) in
+             sorted(sources.items(), key=lambda kv: (len(kv[0]), kv[0]))]
+    if extents:
+        lines.append(f"check_extents({', '.join(dict.fromkeys(extents))})")
+    return lines

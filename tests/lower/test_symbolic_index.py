@@ -1,0 +1,72 @@
+"""The index algebra with symbolic sizes (`Size` atoms): every simplification agrees with
+exact integer arithmetic at several values of the sizes, a flat index over a symbolic dim
+merges back, and order questions answer only what holds for every size."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from kiln.lower.index import as_expr, size_expr, sym
+
+S0, S1 = size_expr("s0"), size_expr("s1")
+SIZES = [(a, b) for a in (2, 3, 5, 8) for b in (2, 3, 7)]
+
+
+def _check(expr, reference, ranges):
+    """expr.evaluate == reference at every size and (up to 300) points of `ranges`."""
+    for s0, s1 in SIZES:
+        env = {"s0": s0, "s1": s1}
+        grids = [range(r(s0, s1)) for r in ranges.values()]
+        for point in itertools.islice(itertools.product(*grids), 300):
+            env.update(zip(ranges, point))
+            assert expr.evaluate(env) == reference(env), (str(expr), env)
+
+
+def _vars():
+    x0, x1, x2 = sym("x0", 64), sym("x1", S1), sym("x2", S0)
+    return x0, x1, x2, {"x0": lambda a, b: 64, "x1": lambda a, b: b, "x2": lambda a, b: a}
+
+
+def test_flat_index_over_a_symbolic_dim_merges_back():
+    x0, x1, x2, _ = _vars()
+    xindex = sym("xindex", 64 * S1 * S0)
+    (v0,), (v1,), (v2,) = x0.free_symbols(), x1.free_symbols(), x2.free_symbols()
+    flat = (x0 + 64 * x1 + 64 * S1 * x2).subs(
+        {v0: xindex % 64, v1: (xindex // 64) % S1, v2: xindex // (64 * S1)})
+    assert str(flat) == "xindex"
+    two = (x1 + S1 * x2).subs({v1: xindex % S1, v2: xindex // S1})
+    assert str(two) == "xindex"
+
+
+@pytest.mark.parametrize("divisor", ["64*s1", "s1", "64", "32*s1", "64*s0*s1", "s0"])
+def test_division_by_sizes_is_exact(divisor):
+    x0, x1, x2, ranges = _vars()
+    d = eval(divisor, {"s0": S0, "s1": S1})  # noqa: S307 - test expressions
+    expr = x0 + 64 * x1 + 64 * S1 * x2
+
+    def value(env):
+        return env["x0"] + 64 * env["x1"] + 64 * env["s1"] * env["x2"]
+
+    _check(expr // d, lambda env: value(env) // as_expr(d).evaluate(env), ranges)
+    _check(expr % d, lambda env: value(env) % as_expr(d).evaluate(env), ranges)
+
+
+def test_simplifications_need_a_proof():
+    x0, x1, x2, _ = _vars()
+    assert str((x0 + 64 * x1) // (64 * S1)) == "0"  # below the divisor for every s1
+    assert str((x0 + 64 * x1) % S0) == "(x0 + 64*x1) % s0"  # no bound relates s1 and s0
+    assert (x1 // S0).terms  # x1 < s1, not known < s0: stays a division
+
+
+def test_order_comparisons_hold_for_every_size():
+    assert S0 > 1 and S0 >= 2 and not (S0 < 2) and S0 != 1 and S0 != 0
+    with pytest.raises(TypeError, match="depends on the sizes"):
+        _ = S0 > 4
+    with pytest.raises(TypeError):
+        int(S0)
+
+
+def test_a_size_prints_as_source():
+    assert repr((S0 * 64, 16)) == "(64*s0, 16)"
+    assert repr(sym("x0", 4)) == "Expr(x0)"  # static expressions print as before

@@ -1,0 +1,197 @@
+"""Kernels with sizes as arguments (issue 15, stage C): a graph traced with symbolic sizes
+compiles once (`compile_graph`), and that one artifact, with the same kernel objects, runs
+every size equal to eager: an MLP over batch 1..16, a causal attention block over sequence
+lengths up to 64, a reduction over a symbolic dim, a size-1 dim broadcast next to a symbolic
+one. The kiln backend compiles such a graph once (`config.symbolic_kernels`) and per size when
+the symbolic path cannot compile it."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kiln.runtime.launcher as launcher_module
+from kiln.backends.per_size import SizeCache, SymbolicCompiled, symbolic_or_per_size
+from kiln.lower import _compat
+from kiln.lower.decomposition_tables import trace_table
+from kiln.runtime import compile_graph
+
+pytestmark = pytest.mark.usefixtures("generated_kernels")
+
+
+@pytest.fixture
+def kernel_compiles(monkeypatch):
+    """The kernel specs compiled into kernel objects (one entry per compile_kernel call)."""
+    pytest.importorskip("triton")
+    compiled: list = []
+    real = launcher_module.compile_kernel
+
+    def counting(spec):
+        compiled.append(spec)
+        return real(spec)
+
+    monkeypatch.setattr(launcher_module, "compile_kernel", counting)
+    return compiled
+
+
+def _symbolic(fn, example, dynamic=None):
+    """The ATen graph of fn with the `dynamic` dims symbolic (input -> dims; None: all)."""
+    return _compat.make_symbolic_aten_graph(fn, example, trace_table(), dynamic)
+
+
+def _launched(artifact) -> list:
+    """The kernel objects a call of the artifact launches (its wrapper's globals)."""
+    return [artifact.call.__globals__[name] for name in artifact.wrapper.kernels]
+
+
+def _mlp(x, w1, b1, w2):
+    return torch.relu(x @ w1 + b1) @ w2 + x.sum(-1, keepdim=True)
+
+
+def test_mlp_over_batch_compiles_once(device, kernel_compiles):
+    params = (torch.randn(8, 16, device=device), torch.randn(16, device=device),
+              torch.randn(16, 4, device=device))
+    artifact = compile_graph(_symbolic(_mlp, (torch.randn(6, 8, device=device), *params),
+                                       {0: {0}}), [])
+    assert artifact.graph.symbolic and all(spec.size_args for spec in artifact.specs)
+    kernels, compiled = _launched(artifact), len(kernel_compiles)
+    for batch in range(1, 17):
+        x = torch.randn(batch, 8, device=device)
+        (out,) = artifact(x, *params)
+        torch.testing.assert_close(out, _mlp(x, *params), rtol=1e-4, atol=1e-4)
+        assert out.abs().sum() > 0
+    assert len(kernel_compiles) == compiled  # no kernel compiled after the one compile
+    assert _launched(artifact) == kernels
+
+
+def _attention_block(x, ids, wqkv, wo, g, b, emb):
+    batch, length, dim = x.shape
+    x = x + F.embedding(ids, emb)
+    h = F.layer_norm(x, (dim,), g, b)
+    q, k, v = (h @ wqkv).split(dim, dim=-1)
+    q, k, v = (t.view(batch, length, 2, dim // 2).transpose(1, 2) for t in (q, k, v))
+    a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return x + a.transpose(1, 2).reshape(batch, length, dim) @ wo
+
+
+def _block_params(device, dtype):
+    dim = 16
+    return tuple(torch.randn(*shape, device=device, dtype=dtype)
+                 for shape in ((dim, 3 * dim), (dim, dim), (dim,), (dim,), (50, dim)))
+
+
+def test_attention_block_over_sequence_compiles_once(device, kernel_compiles):
+    """float64 throughout: the kernels' answer against eager's at every length, tightly."""
+    params = _block_params(device, torch.float64)
+
+    def inputs(length):
+        return (torch.randn(2, length, 16, device=device, dtype=torch.float64),
+                torch.randint(0, 50, (2, length), device=device), *params)
+
+    artifact = compile_graph(_symbolic(_attention_block, inputs(7), {0: {1}, 1: {1}}), [])
+    compiled = len(kernel_compiles)
+    assert artifact.graph.symbolic and artifact.specs
+    for length in (1, 2, 3, 5, 17, 63, 64):
+        args = inputs(length)
+        (out,) = artifact(*args)
+        torch.testing.assert_close(out, _attention_block(*args), rtol=1e-9, atol=1e-9)
+    assert len(kernel_compiles) == compiled
+
+
+def _softmax_rows(x, bias):
+    h = torch.relu(x + bias)
+    return torch.softmax(h, -1), h * 2 - h.sum(-1, keepdim=True)
+
+
+def test_reduction_over_a_symbolic_dim_is_looped(device, kernel_compiles):
+    example = (torch.randn(3, 10, device=device), torch.randn(10, device=device))
+    artifact = compile_graph(_symbolic(_softmax_rows, example), [])
+    assert {spec.kind for spec in artifact.specs} == {"looped_reduction"}
+    for rows, cols in ((3, 5), (5, 17), (4, 63), (2, 1500)):
+        args = (torch.randn(rows, cols, device=device), torch.randn(cols, device=device))
+        for out, ref in zip(artifact(*args), _softmax_rows(*args)):
+            torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def _broadcast(x, y):
+    return x * y + y.exp(), (x - y).amax(0)
+
+
+def test_size_one_dim_broadcast_next_to_a_symbolic_dim(device, kernel_compiles):
+    example = (torch.randn(4, 6, device=device), torch.randn(4, 1, device=device))
+    artifact = compile_graph(_symbolic(_broadcast, example), [])
+    for rows, cols in ((3, 5), (17, 2), (2, 33)):
+        args = (torch.randn(rows, cols, device=device), torch.randn(rows, 1, device=device))
+        for out, ref in zip(artifact(*args), _broadcast(*args)):
+            torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def _advanced_index(x, i):
+    return x[i] * 2
+
+
+def test_unsupported_graph_compiles_per_size(device):
+    """aten.index over symbolic sizes is outside the symbolic path: per size, right answers."""
+    x, i = torch.randn(6, 4, device=device), torch.tensor([0, 2, 5], device=device)
+    gm = torch.fx.symbolic_trace(_advanced_index)
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            node.meta["val"] = None
+
+    def compile_symbolic(graph, inputs):
+        return compile_graph(_symbolic(_advanced_index, tuple(inputs)), [])
+
+    def compile_static(graph, inputs):
+        return lambda *args: (_advanced_index(*args),)
+
+    with pytest.raises(TypeError):
+        compile_symbolic(gm, [x, i])
+    gm.graph.find_nodes(op="placeholder")[0].meta["val"] = _symbolic_meta(x)
+    compiled = symbolic_or_per_size(compile_symbolic, compile_static, gm, [x, i])
+    assert isinstance(compiled, SizeCache)
+    torch.testing.assert_close(compiled(x, i)[0], _advanced_index(x, i))
+
+
+def _symbolic_meta(x):
+    gm = _symbolic(lambda t: t + 1, (x,))
+    return gm.graph.find_nodes(op="placeholder")[0].meta["val"]
+
+
+def test_symbolic_or_per_size_compiles_once(device, kernel_compiles):
+    """The backend's switch: one symbolic compile serves every batch (per size, the count
+    of compiles would grow with the sizes)."""
+    params = (torch.randn(8, 16, device=device), torch.randn(16, device=device),
+              torch.randn(16, 4, device=device))
+    gm = _symbolic(_mlp, (torch.randn(6, 8, device=device), *params), {0: {0}})
+    compiles: list = []
+
+    def compile_symbolic(graph, inputs):
+        compiles.append("symbolic")
+        return compile_graph(graph, [])
+
+    def compile_static(graph, inputs):
+        compiles.append("static")
+        return compile_graph(_compat.make_aten_graph(_mlp, inputs, trace_table(), True), inputs)
+
+    compiled = symbolic_or_per_size(compile_symbolic, compile_static, gm,
+                                    [torch.randn(6, 8, device=device), *params])
+    assert isinstance(compiled, SymbolicCompiled)
+    for batch in (2, 3, 5, 9):
+        x = torch.randn(batch, 8, device=device)
+        torch.testing.assert_close(compiled(x, *params)[0], _mlp(x, *params),
+                                   rtol=1e-4, atol=1e-4)
+    assert compiles == ["symbolic"]
+
+
+def test_kiln_backend_with_symbolic_kernels_answers_like_eager(device):
+    """Through kiln.compile (dynamic=True): one capture; until the autograd stage keeps the
+    sizes symbolic the backend compiles per size; either way, eager's answers."""
+    import kiln
+
+    compiled = kiln.compile(_mlp, dynamic=True)
+    params = (torch.randn(8, 16, device=device), torch.randn(16, device=device),
+              torch.randn(16, 4, device=device))
+    for batch in (2, 5, 3):
+        x = torch.randn(batch, 8, device=device)
+        torch.testing.assert_close(compiled(x, *params), _mlp(x, *params), rtol=1e-4,
+                                   atol=1e-4)
