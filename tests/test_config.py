@@ -39,6 +39,7 @@ def test_defaults():
         "fp_fusion": False,
         "tile_pointwise": True,
         "channels_last": True,
+        "symbolic_kernels": True,
     }
 
 
