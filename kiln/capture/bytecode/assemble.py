@@ -7,8 +7,8 @@ Lowering (the inverse of the table in `decode.py`), one rule per canonical opnam
   MAKE_FUNCTION flags  3.13: `MAKE_FUNCTION; SET_FUNCTION_ATTRIBUTE f` per flag bit
   COMPARE_OP           3.13: keeps the decoded bool bit
   fused pairs          3.12+: RETURN_CONST, BINARY_SLICE, STORE_SLICE; 3.13: LOAD_FAST_LOAD_FAST,
-                       STORE_FAST_LOAD_FAST, STORE_FAST_STORE_FAST (when both halves share a
-                       location, as after decode, and the locals' indices fit in 4 bits)
+                       STORE_FAST_LOAD_FAST, STORE_FAST_STORE_FAST (only pairs decode split,
+                       `Instr.origin`, and only when the locals' indices fit in 4 bits)
   JUMP / POP_JUMP_IF_X forward or backward form from the list order; a forward-only jump
                        (3.12 POP_JUMP_IF_X, FOR_ITER, SEND, JUMP_IF_X_OR_POP) whose target lies
                        behind it goes through a trampoline `JUMP_BACKWARD` appended at the end
