@@ -149,7 +149,7 @@ def _reenter(slot: tuple) -> list[Instr]:
     """Build a fresh context manager and enter it; leaves its `__exit__` on the stack."""
     _, factory_key, args = slot
     factory = CONTEXT_FACTORIES[factory_key]
-    instrs = [emit.push_null(), emit.load_const(factory)]
+    instrs = emit.callable_with_null([emit.load_const(factory)])
     instrs.extend(emit.load_const(a) for a in args)
     instrs += [emit.call(len(args)), Instr("BEFORE_WITH"), emit.pop_top()]
     return instrs
@@ -221,6 +221,10 @@ class Router:
         fn, args, *kwargs = operands
         return self.route(fn)(*args, **(kwargs[0] if kwargs else {}))
 
+    def call_ex_parts(self, fn: Any, rest: tuple) -> Any:
+        """3.13's `f(*args, **kwargs)` in a route-only copy: rest = (args[, kwargs])."""
+        return self.call_ex((fn, *rest))
+
 
 _routers: dict[tuple, Router] = {}
 
@@ -265,8 +269,8 @@ def _build_route_only_code(code: types.CodeType, router: Router) -> types.CodeTy
     for inst in instrs:
         out.append(inst)
         if inst.opname in ("LOAD_ATTR", "LOAD_SUPER_ATTR") and inst.method:
-            inst.method = False  # [attr] then [NULL, attr]: the callable always sits above NULL
-            out.extend(_like(inst, [emit.push_null(), emit.swap(2)]))
+            inst.method = False  # [attr] then its NULL slot: no call gets a `self` slot
+            out.extend(_like(inst, emit.null_for_loaded_callable()))
         elif inst.opname == "CALL_FUNCTION_EX":
             out.extend(_route_call_ex(inst, router))
         elif inst.opname == "CALL" and not _is_with_exit_call(out) and \
@@ -279,26 +283,36 @@ _NEVER_ROUTED_SET = frozenset(_NEVER_ROUTED)
 
 
 def _route_call(inst: Instr, router: Router) -> list[Instr]:
-    """[NULL, f, args] CALL n: `type(f) in _NEVER_ROUTED_SET` decides, inline, between the
-    native CALL and `router.call(f, (args), kwnames)`. `inst` (already emitted) keeps its identity
-    (jump targets, exception entry): it becomes the PUSH_NULL that starts the check."""
+    """[NULL, f, args] (3.13: [f, NULL, args]) CALL n: `type(f) in _NEVER_ROUTED_SET` decides,
+    inline, between the native CALL and `router.call(f, (args), kwnames)`. `inst` (already
+    emitted) keeps its identity (jump targets, exception entry): it becomes the first
+    instruction of the check."""
     nargs, kwnames = inst.argval
+    above = int(emit.NULL_ABOVE_CALLABLE)  # 3.13: the call's NULL lies between f and args
     native, packed, join = emit.call(nargs, kwnames), emit.build_tuple(nargs), emit.nop()
-    inst.opname, inst.arg, inst.argval = "PUSH_NULL", None, None
-    check = [emit.load_const(type), emit.copy(nargs + 3), emit.call(1),
-             emit.load_const(_NEVER_ROUTED_SET), Instr("CONTAINS_OP", 0, 0),
+    check = [*emit.callable_with_null([emit.load_const(type)]), emit.copy(nargs + 3 + above),
+             emit.call(1), emit.load_const(_NEVER_ROUTED_SET), Instr("CONTAINS_OP", 0, 0),
              emit.pop_jump_if(False, packed), native, emit.jump(join)]
-    routed = [packed, emit.load_const(router.call), emit.swap(3), emit.swap(2),
+    # [slot, slot, (args)] -> [router.call with its NULL, f, (args), kwnames]
+    routed = [packed, emit.load_const(router.call), emit.swap(3 + above), emit.swap(2),
               emit.load_const(tuple(kwnames)), emit.call(3), join]
+    first = check.pop(0)
+    inst.opname, inst.arg, inst.argval = first.opname, first.arg, first.argval
     return _like(inst, check + routed)
 
 
 def _route_call_ex(inst: Instr, router: Router) -> list[Instr]:
     """`f(*args, **kwargs)`: [NULL, f, args, (kwargs)] packed into one tuple and handed to
-    `Router.call_ex`, which routes `f` (3.11 and 3.12 always push the NULL here)."""
+    `Router.call_ex`, which routes `f` (every version pushes the NULL here). 3.13's
+    [f, NULL, args, (kwargs)]: only (args, (kwargs)) are packed, and `f` joins them in
+    `Router.call_ex_parts`."""
     count = 3 if inst.arg & 1 else 2
-    inst.opname, inst.arg, inst.argval = "BUILD_TUPLE", count, count
-    return _like(inst, [emit.load_const(router.call_ex), emit.swap(2), emit.call(1)])
+    if not emit.NULL_ABOVE_CALLABLE:
+        inst.opname, inst.arg, inst.argval = "BUILD_TUPLE", count, count
+        return _like(inst, [emit.load_const(router.call_ex), emit.swap(2), emit.call(1)])
+    inst.opname, inst.arg, inst.argval = "BUILD_TUPLE", count - 1, count - 1
+    return _like(inst, [emit.load_const(router.call_ex_parts), emit.swap(4), emit.swap(2),
+                        emit.call(2)])
 
 
 def _is_with_exit_call(emitted: list[Instr]) -> bool:

@@ -208,7 +208,7 @@ class CompiledFunction:
         """Record why capture stopped; the code runs eagerly (or fullgraph=True raises)."""
         if isinstance(err, UnsupportedBytecode):
             err = Unsupported("unsupported-python", str(err), hints=(
-                "kiln captures Python 3.11 and 3.12 bytecode",))
+                "kiln captures Python 3.11 to 3.13 bytecode",))
             err.frames.append(UserLocation.from_code(self.fn.__code__))
         record = to_record(err, _frame_cost(self.fn.__code__))
         report_break(record)

@@ -13,7 +13,7 @@ import torch.fx
 from kiln.capture.breaks import (CONTEXT_FACTORIES, STACK_PREFIX, ResumeLayout, resume_function,
                                  route, router_for)
 from kiln.capture.guards import Guard
-from kiln.capture.handlers_calls import WithExitVT
+from kiln.capture.handlers_calls import WithExitVT, call_operands
 from kiln.capture.sources import attr_expr
 from kiln.capture.unsupported import unsupported
 from kiln.capture.variables.base import (VT, ConstantVT, DeletedVT, LazyVT, NotConstant,
@@ -359,7 +359,7 @@ def _inside_withs(rebuild: _Rebuilder, withs: list[VT], line: str) -> list[str]:
 def _native_call(rebuild: _Rebuilder, operands: list[VT], kwnames: tuple[str, ...],
                  settings: CompileSettings) -> str:
     first, second, *args = operands
-    callee, args = (second, args) if isinstance(first, NullVT) else (first, [second, *args])
+    callee, args = call_operands(first, second, args)
     npos = len(args) - len(kwnames)
     parts = [rebuild.expr(a) for a in args[:npos]]
     parts += [f"{k}={rebuild.expr(v)}" for k, v in zip(kwnames, args[npos:])]
@@ -384,11 +384,14 @@ NATIVE_VALUE_OPS: dict[str, tuple[int, Callable[..., str]]] = {
 
 def _native_call_ex(rebuild: _Rebuilder, stack: list[VT], has_kwargs: int,
                     settings: CompileSettings) -> tuple[list[VT], str]:
-    """`f(*args, **kwargs)` at a break: the stack below [NULL, f, args, (kwargs)] and the call."""
+    """`f(*args, **kwargs)` at a break: the stack below [NULL, f, args, (kwargs)] (3.13:
+    [f, NULL, args, (kwargs)]) and the call."""
     count = 3 if has_kwargs else 2
     callee, args, *kwargs = stack[-count:]
     below = stack[:-count]
-    if below and isinstance(below[-1], NullVT):
+    if isinstance(callee, NullVT):
+        callee, below = below[-1], below[:-1]
+    elif below and isinstance(below[-1], NullVT):
         below = below[:-1]
     star = f"**{rebuild.expr(kwargs[0])}" if kwargs else ""
     return below, f"{_callee_expr(rebuild, callee, settings)}(*{rebuild.expr(args)}, {star})"

@@ -15,14 +15,22 @@ if TYPE_CHECKING:
 _MAKE_FUNCTION_DEFAULTS, _KWDEFAULTS, _ANNOTATIONS, _CLOSURE = 0x01, 0x02, 0x04, 0x08
 
 
+def call_operands(first: VT, second: VT, args: list[VT]) -> tuple[VT, list[VT]]:
+    """The callable and arguments of a call whose stack is [first, second, args]. One rule for
+    every version: [NULL, fn] (3.11/3.12), [fn, NULL] (3.13) or [method, self] (both; also
+    `__exit__` called with a None in the self slot)."""
+    if isinstance(first, NullVT):
+        return second, args
+    if isinstance(second, NullVT):
+        return first, args
+    return first, [second, *args]
+
+
 def CALL(tx: Translator, inst: Instr) -> None:
     nargs, kwnames = inst.argval
     args = tx.popn(nargs)
     second, first = tx.pop(), tx.pop()
-    if isinstance(first, NullVT):
-        fn = second
-    else:  # a method-form load left [method, self]
-        fn, args = first, [second, *args]
+    fn, args = call_operands(first, second, args)
     npos = len(args) - len(kwnames)
     kwargs = dict(zip(kwnames, args[npos:]))
     tx.push(fn.call(tx, args[:npos], kwargs))
@@ -32,7 +40,9 @@ def CALL_FUNCTION_EX(tx: Translator, inst: Instr) -> None:
     kwargs_vt = tx.pop() if inst.arg & 1 else DictVT({})
     args_vt = tx.pop()
     fn = tx.pop()
-    if tx.stack and isinstance(tx.stack[-1], NullVT):
+    if isinstance(fn, NullVT):  # 3.13: [fn, NULL, args]
+        fn = tx.pop()
+    elif tx.stack and isinstance(tx.stack[-1], NullVT):  # 3.11/3.12: [NULL, fn, args]
         tx.pop()
     if not isinstance(kwargs_vt, DictVT):
         unsupported("call-kwargs", f"**{kwargs_vt.describe()} in a call")

@@ -104,9 +104,11 @@ def DELETE_FAST(tx: Translator, inst: Instr) -> None:
 
 
 def LOAD_GLOBAL(tx: Translator, inst: Instr) -> None:
+    value = tx.load_global(inst.argval)
     if inst.push_null:
-        tx.push(NullVT())
-    tx.push(tx.load_global(inst.argval))
+        tx.push_callable(value)
+    else:
+        tx.push(value)
 
 
 def STORE_GLOBAL(tx: Translator, inst: Instr) -> None:
@@ -157,9 +159,10 @@ def LOAD_CLOSURE(tx: Translator, inst: Instr) -> None:
 def LOAD_ATTR(tx: Translator, inst: Instr) -> None:
     obj = tx.pop()
     attr = obj.getattr(tx, inst.argval)
-    if inst.method:
-        tx.push(NullVT())
-    tx.push(attr)
+    if inst.method:  # always the [NULL, attr] form: the bound method is one tracker
+        tx.push_callable(attr)
+    else:
+        tx.push(attr)
 
 
 def LOAD_SUPER_ATTR(tx: Translator, inst: Instr) -> None:
@@ -169,8 +172,9 @@ def LOAD_SUPER_ATTR(tx: Translator, inst: Instr) -> None:
     tx.pop()  # the global `super`
     attr = SuperVT(cls.as_constant(), self_vt).getattr(tx, inst.argval)
     if inst.method:
-        tx.push(NullVT())
-    tx.push(attr)
+        tx.push_callable(attr)
+    else:
+        tx.push(attr)
 
 
 def STORE_ATTR(tx: Translator, inst: Instr) -> None:
@@ -394,14 +398,38 @@ def BUILD_STRING(tx: Translator, inst: Instr) -> None:
 def FORMAT_VALUE(tx: Translator, inst: Instr) -> None:
     conversion, has_spec = inst.argval
     spec = tx.pop().as_constant() if has_spec else ""
-    value = tx.pop()
+    raw = _formattable(tx.pop())
+    raw = {"str": str, "repr": repr, "ascii": ascii}.get(conversion, lambda v: v)(raw)
+    tx.push(ConstantVT(format(raw, spec)))
+
+
+def CONVERT_VALUE(tx: Translator, inst: Instr) -> None:
+    """3.13: the `!s`/`!r`/`!a` of an f-string field (FORMAT_VALUE's conversion before)."""
+    value = _formattable(tx.pop())
+    tx.push(ConstantVT({"str": str, "repr": repr, "ascii": ascii}[inst.argval](value)))
+
+
+def FORMAT_SIMPLE(tx: Translator, inst: Instr) -> None:
+    tx.push(ConstantVT(format(_formattable(tx.pop()), "")))
+
+
+def FORMAT_WITH_SPEC(tx: Translator, inst: Instr) -> None:
+    spec = tx.pop().as_constant()
+    tx.push(ConstantVT(format(_formattable(tx.pop()), spec)))
+
+
+def _formattable(value: VT) -> object:
     if not value.is_constant():
         unsupported("format-value", f"formatting {value.describe()} into a string needs its "
                     "value", category="user-fixable", hint="format only Python constants in "
                     "compiled code")
-    raw = value.as_constant()
-    raw = {"str": str, "repr": repr, "ascii": ascii}.get(conversion, lambda v: v)(raw)
-    tx.push(ConstantVT(format(raw, spec)))
+    return value.as_constant()
+
+
+def TO_BOOL(tx: Translator, inst: Instr) -> None:
+    """3.13 converts a condition to bool before POP_JUMP_IF_X / UNARY_NOT. Those handlers take
+    the truth of any value themselves, so the value stays as it is: a tensor condition then
+    breaks at the jump, where a break can resume, as on 3.11/3.12."""
 
 
 def LIST_APPEND(tx: Translator, inst: Instr) -> None:

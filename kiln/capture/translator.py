@@ -13,9 +13,10 @@ import types
 from typing import TYPE_CHECKING, Any
 
 from kiln.capture.bytecode import decode
+from kiln.capture.bytecode.emit import NULL_ABOVE_CALLABLE
 from kiln.capture.sources import ConstSource, Global, Item, Source
 from kiln.capture.unsupported import Unsupported, unsupported
-from kiln.capture.variables.base import VT, CellBox, LazyVT
+from kiln.capture.variables.base import VT, CellBox, LazyVT, NullVT
 from kiln.diagnostics import UserLocation
 
 if TYPE_CHECKING:
@@ -110,6 +111,14 @@ class Translator:
 
     def pop(self) -> VT:
         return self.stack.pop()
+
+    def push_callable(self, fn: VT) -> None:
+        """`fn` with the NULL slot of a call without `self`, in the version's order (decode.py
+        rule 14: [NULL, fn] on 3.11/3.12, [fn, NULL] on 3.13)."""
+        if NULL_ABOVE_CALLABLE:
+            self.stack += [fn, NullVT()]
+        else:
+            self.stack += [NullVT(), fn]
 
     def popn(self, n: int) -> list[VT]:
         if n == 0:

@@ -17,8 +17,11 @@ Invariants:
     recomputing it (research §4.1), and preserves positions so tracebacks point at user source;
   - decode(assemble(decode(c), c)) == decode(c) structurally.
 
+  - the canonical form keeps the running version's NULL-slot order ([NULL, f] on 3.11/3.12,
+    [f, NULL] on 3.13): `emit.NULL_ABOVE_CALLABLE`, `emit.callable_with_null`.
+
 Never: executes user code, imports torch, rewrites semantics (no constant folding, no explicit
-super(), no dead-code removal), or supports 3.13+ (decode/assemble raise UnsupportedBytecode).
+super(), no dead-code removal), or supports 3.14+ (decode/assemble raise UnsupportedBytecode).
 """
 
 from __future__ import annotations

@@ -1,13 +1,19 @@
-"""assemble: canonical `list[Instr]` -> a code object for the running interpreter (3.11, 3.12).
+"""assemble: canonical `list[Instr]` -> a code object for the running interpreter (3.11-3.13).
 
 Lowering (the inverse of the table in `decode.py`), one rule per canonical opname in `LOWERINGS`:
-  CALL (n, kw)         3.11 `[KW_NAMES kw] PRECALL n; CALL n`; 3.12 `[KW_NAMES kw] CALL n`
-  LOAD_ATTR method     3.11 `LOAD_METHOD`; 3.12 `LOAD_ATTR` with the low bit
+  CALL (n, kw)         3.11 `[KW_NAMES kw] PRECALL n; CALL n`; 3.12 `[KW_NAMES kw] CALL n`;
+                       3.13 `CALL n`, or `LOAD_CONST kw; CALL_KW n`
+  LOAD_ATTR method     3.11 `LOAD_METHOD`; 3.12+ `LOAD_ATTR` with the low bit
+  MAKE_FUNCTION flags  3.13: `MAKE_FUNCTION; SET_FUNCTION_ATTRIBUTE f` per flag bit
+  COMPARE_OP           3.13: keeps the decoded bool bit
+  fused pairs          3.12+: RETURN_CONST, BINARY_SLICE, STORE_SLICE; 3.13: LOAD_FAST_LOAD_FAST,
+                       STORE_FAST_LOAD_FAST, STORE_FAST_STORE_FAST (only pairs decode split,
+                       `Instr.origin`, and only when the locals' indices fit in 4 bits)
   JUMP / POP_JUMP_IF_X forward or backward form from the list order; a forward-only jump
                        (3.12 POP_JUMP_IF_X, FOR_ITER, SEND, JUMP_IF_X_OR_POP) whose target lies
                        behind it goes through a trampoline `JUMP_BACKWARD` appended at the end
-  FOR_ITER             3.12: `FOR_ITER` -> an `END_FOR` placed just before the loop exit
-  JUMP_IF_X_OR_POP     3.12: `COPY 1; POP_JUMP_IF_X; POP_TOP`
+  FOR_ITER             3.12+: `FOR_ITER` -> `_compat.LOOP_EXIT` placed just before the loop exit
+  JUMP_IF_X_OR_POP     3.12+: `COPY 1; POP_JUMP_IF_X; POP_TOP`
   CALL_INTRINSIC_1     3.11: back to `UNARY_POSITIVE` / `LIST_TO_TUPLE`
 Everything else is emitted with its argval. The `bytecode` package (0.19.x) only encodes: labels,
 caches, EXTENDED_ARG, line table and exception table. Exception regions are rebuilt from each
@@ -45,16 +51,18 @@ _INTRINSICS_311 = {"INTRINSIC_UNARY_POSITIVE": "UNARY_POSITIVE",
 _FORMAT_CODES = {v: k for k, v in _compat.FORMAT_CONVERSIONS.items()}
 _FUSIONS = {("LOAD_CONST", "RETURN_VALUE"): "RETURN_CONST",
             ("BUILD_SLICE", "BINARY_SUBSCR"): "BINARY_SLICE",
-            ("BUILD_SLICE", "STORE_SUBSCR"): "STORE_SLICE"}
+            ("BUILD_SLICE", "STORE_SUBSCR"): "STORE_SLICE"} if _compat.SINCE_312 else {}
+_FUSIONS.update({halves: fused for fused, halves in _compat.SUPERINSTRUCTIONS.items()})
+_SUPERINSTRUCTIONS = frozenset(_compat.SUPERINSTRUCTIONS)
 _GEN_FLAGS = 0x20 | 0x80 | 0x200  # CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR
 
 def assemble(instrs: list[Instr], like: types.CodeType, **replace: Any) -> types.CodeType:
     """Build a code object running `instrs`, with the metadata of `like` (names, flags, file,
     first line, varnames, cell/free vars) except for the `co_*` fields given in `replace`."""
-    if _compat.PY313:
+    if not _compat.SUPPORTED:
         raise UnsupportedBytecode(
             f"cannot assemble {like.co_qualname!r} on Python {_compat.version_str()}",
-            hint="the bytecode layer supports Python 3.11 and 3.12")
+            hint="the bytecode layer supports Python 3.11 to 3.13")
     unknown = set(replace) - set(_REPLACEABLE)
     if unknown:
         raise BytecodeError(f"assemble() cannot replace {sorted(unknown)}",
@@ -88,15 +96,18 @@ class _Assembler:
     # -- driver ------------------------------------------------------------------------------
     def run(self) -> types.CodeType:
         prev: Instr | None = None
-        fused = self.fusions() if _compat.PY312 else {}
-        for instr in self.instrs:
+        fused = self.fusions()
+        for k, instr in enumerate(self.instrs):
             if instr in fused and fused[instr] is None:
                 prev = instr  # second half of a re-fused pair, lowered with the first
                 continue
             if instr in self.end_for:
                 self.place_end_for(instr, prev)
             self.items.append((self.label(instr), None))
-            if instr in fused:
+            if fused.get(instr) in _SUPERINSTRUCTIONS:
+                lowered = [_bc.Instr(fused[instr], (instr.argval, self.instrs[k + 1].argval),
+                                     location=_location(instr))]
+            elif instr in fused:
                 lowered = self.generic(instr, _location(instr), fused[instr])
             else:
                 lowered = LOWERINGS.get(instr.opname, _Assembler.generic)(
@@ -107,9 +118,10 @@ class _Assembler:
         return self.build()
 
     def fusions(self) -> dict[Instr, str | None]:
-        """3.12: pairs that decode split (RETURN_CONST, BINARY_SLICE, STORE_SLICE) are fused back
-        when the second half is no jump/handler target, so identity round trips are exact.
-        Maps the first half to the fused opname and the second half to None."""
+        """Pairs that decode split (3.12+: RETURN_CONST, BINARY_SLICE, STORE_SLICE; 3.13: the
+        LOAD_FAST/STORE_FAST superinstructions) are fused back when the second half is no
+        jump/handler target, so identity round trips are exact. Maps the first half to the
+        fused opname and the second half to None."""
         targeted = {i.target for i in self.instrs if i.target is not None}
         targeted |= {i.exn.target for i in self.instrs if i.exn is not None}
         out: dict[Instr, str | None] = {}
@@ -117,10 +129,21 @@ class _Assembler:
             name = _FUSIONS.get((a.opname, b.opname))
             if (name is None or a in out or b in targeted or a.exn is not b.exn
                     or a.positions != b.positions or a.lineno != b.lineno
-                    or (a.opname == "BUILD_SLICE" and a.argval != 2)):
+                    or (a.opname == "BUILD_SLICE" and a.argval != 2)
+                    or (name in _SUPERINSTRUCTIONS and not self.fits_superinstruction(a, b))):
                 continue
             out[a], out[b] = name, None
         return out
+
+    def fits_superinstruction(self, a: Instr, b: Instr) -> bool:
+        """Only pairs decode split (CPython leaves some adjacent pairs unfused); it packs both
+        local indices into one oparg, 4 bits each."""
+        if a.origin != _FUSIONS[(a.opname, b.opname)]:
+            return False
+        names = list(self.replace.get("co_varnames", self.like.co_varnames))
+        limit = _compat.SUPERINSTRUCTION_MAX_INDEX
+        return all(v in names[:limit + 1] and names.index(v) <= limit
+                   for v in (a.argval, b.argval))
 
     def build(self) -> types.CodeType:
         like, code = self.like, _bc.Bytecode()
@@ -192,7 +215,7 @@ class _Assembler:
         lab = _bc.Label()
         self.stubs.append((lab, None))
         if end_for:
-            self.stubs.append((_bc.Instr("END_FOR", location=loc), instr.exn))
+            self.stubs.extend((_bc.Instr(op, location=loc), instr.exn) for op in _compat.LOOP_EXIT)
         back = "JUMP_BACKWARD_NO_INTERRUPT" if target.opname == "SEND" else "JUMP_BACKWARD"
         self.stubs.append((_bc.Instr(back, self.label(target), location=loc), instr.exn))
         return lab
@@ -202,7 +225,7 @@ class _Assembler:
         if prev is not None and prev.opname not in NO_FALLTHROUGH:
             self.items.append((_bc.Instr("JUMP_FORWARD", self.label(target), location=loc), exn))
         self.items.append((lab, None))
-        self.items.append((_bc.Instr("END_FOR", location=loc), exn))
+        self.items.extend((_bc.Instr(op, location=loc), exn) for op in _compat.LOOP_EXIT)
 
     def var(self, name: str) -> _bc.CellVar | _bc.FreeVar:
         if name in self.cellvars:
@@ -220,7 +243,7 @@ class _Assembler:
         if op is None:
             raise UnsupportedBytecode(f"opcode {name} does not exist on Python "
                                       f"{_compat.version_str()} ({self.like.co_qualname!r})")
-        if op < dis.HAVE_ARGUMENT:
+        if not _compat.has_argument(op):
             return [_bc.Instr(name, location=loc)]
         if op in dis.hasconst:
             arg: Any = instr.argval
@@ -236,6 +259,11 @@ class _Assembler:
 
     def lower_call(self, instr: Instr, loc: Any) -> list[_bc.Instr]:
         nargs, kwnames = instr.argval
+        if _compat.PY313:
+            if not kwnames:
+                return [_bc.Instr("CALL", nargs, location=loc)]
+            return [_bc.Instr("LOAD_CONST", tuple(kwnames), location=loc),
+                    _bc.Instr("CALL_KW", nargs, location=loc)]
         out = [_bc.Instr("KW_NAMES", tuple(kwnames), location=loc)] if kwnames else []
         if _compat.PY311:
             out.append(_bc.Instr("PRECALL", nargs, location=loc))
@@ -254,6 +282,33 @@ class _Assembler:
     def lower_load_super_attr(self, instr: Instr, loc: Any) -> list[_bc.Instr]:
         two_arg = bool((instr.arg or 0) & 2)
         return [_bc.Instr("LOAD_SUPER_ATTR", (instr.method, two_arg, instr.argval), location=loc)]
+
+    def lower_load_closure(self, instr: Instr, loc: Any) -> list[_bc.Instr]:
+        """3.13 has no LOAD_CLOSURE: a cell is loaded with LOAD_FAST from its slot (an argument
+        that is a cell keeps its varnames slot)."""
+        if not _compat.PY313:
+            return [_bc.Instr("LOAD_CLOSURE", self.var(instr.argval), location=loc)]
+        names = self.replace.get("co_varnames", self.like.co_varnames)
+        arg = instr.argval if instr.argval in names else self.var(instr.argval)
+        return [_bc.Instr("LOAD_FAST", arg, location=loc)]
+
+    def lower_make_function(self, instr: Instr, loc: Any) -> list[_bc.Instr]:
+        flags = instr.arg or 0
+        if not _compat.PY313:
+            return [_bc.Instr("MAKE_FUNCTION", flags, location=loc)]
+        return [_bc.Instr("MAKE_FUNCTION", location=loc)] + [
+            _bc.Instr("SET_FUNCTION_ATTRIBUTE", bit, location=loc)
+            for bit in _compat.FUNCTION_ATTRIBUTE_ORDER if flags & bit]
+
+    def lower_compare_op(self, instr: Instr, loc: Any) -> list[_bc.Instr]:
+        op = _COMPARE[instr.argval]
+        if _compat.compare_casts_to_bool(instr.arg):
+            op = _bc.Compare[op.name + "_CAST"]
+        return [_bc.Instr("COMPARE_OP", op, location=loc)]
+
+    def lower_convert_value(self, instr: Instr, loc: Any) -> list[_bc.Instr]:
+        return [_bc.Instr("CONVERT_VALUE", _bc.instr.FormatValue[instr.argval.upper()],
+                          location=loc)]
 
     def lower_binary_op(self, instr: Instr, loc: Any) -> list[_bc.Instr]:
         index = _compat.BINARY_OP_INDEX.get(instr.argval, instr.arg)
@@ -281,7 +336,8 @@ class _Assembler:
         if name == "JUMP":
             if fwd:
                 return [_bc.Instr("JUMP_FORWARD", dest, location=loc)]
-            back = "JUMP_BACKWARD_NO_INTERRUPT" if target.opname == "SEND" else "JUMP_BACKWARD"
+            no_interrupt = instr.origin == "JUMP_BACKWARD_NO_INTERRUPT" or target.opname == "SEND"
+            back = "JUMP_BACKWARD_NO_INTERRUPT" if no_interrupt else "JUMP_BACKWARD"
             return [_bc.Instr(back, dest, location=loc)]
         if name.startswith("POP_JUMP_IF_"):
             cond = name[len("POP_JUMP_IF_"):]
@@ -289,7 +345,7 @@ class _Assembler:
                 real = f"POP_JUMP_{'FORWARD' if fwd else 'BACKWARD'}_IF_{cond}"
                 return [_bc.Instr(real, dest, location=loc)]
             return [_bc.Instr(name, dest if fwd else self.stub(instr, loc, target), location=loc)]
-        if name == "FOR_ITER" and _compat.PY312:
+        if name == "FOR_ITER" and _compat.SINCE_312:
             if fwd:
                 if target not in self.end_for:
                     self.end_for[target] = (_bc.Label(), loc, instr.exn)
@@ -299,7 +355,7 @@ class _Assembler:
             return [_bc.Instr("FOR_ITER", dest, location=loc)]
         if not fwd:
             dest = self.stub(instr, loc, target)
-        if name.endswith("_OR_POP") and _compat.PY312:
+        if name.endswith("_OR_POP") and _compat.SINCE_312:
             cond = "TRUE" if name == "JUMP_IF_TRUE_OR_POP" else "FALSE"
             return [_bc.Instr("COPY", 1, location=loc),
                     _bc.Instr(f"POP_JUMP_IF_{cond}", dest, location=loc),
@@ -316,6 +372,10 @@ LOWERINGS: dict[str, Callable[[_Assembler, Instr, Any], list[_bc.Instr]]] = {
     "CALL_INTRINSIC_1": _Assembler.lower_intrinsic_1,
     "CALL_INTRINSIC_2": _Assembler.lower_intrinsic_2,
     "FORMAT_VALUE": _Assembler.lower_format_value,
+    "MAKE_FUNCTION": _Assembler.lower_make_function,
+    "LOAD_CLOSURE": _Assembler.lower_load_closure,
+    "COMPARE_OP": _Assembler.lower_compare_op,
+    "CONVERT_VALUE": _Assembler.lower_convert_value,
     **{name: _Assembler.lower_jump for name in JUMP_OPNAMES},
 }
 
@@ -330,7 +390,7 @@ def _stacksize(items: list[tuple[Any, ExnEntry | None]], flags: int, where: str,
             at[item] = k
     seen_depth: dict[int, int] = {}
     seen_exn: set[int] = set()
-    initial = 1 if flags & _GEN_FLAGS else 0  # a generator frame starts with the sent None
+    initial = _compat.GENERATOR_ENTRY_DEPTH if flags & _GEN_FLAGS else 0
     work, best = [(0, initial)], initial
     while work:
         k, depth = work.pop()

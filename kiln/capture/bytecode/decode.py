@@ -1,4 +1,4 @@
-"""decode: a code object -> the canonical `list[Instr]` (3.11 and 3.12).
+"""decode: a code object -> the canonical `list[Instr]` (3.11, 3.12 and 3.13).
 
 The symbolic interpreter sees ONLY the forms in this table; version differences beyond it are
 noted as such. `dis` argval/argrepr are reused where they already are the canonical value.
@@ -47,10 +47,31 @@ Rule  real bytecode (3.11 / 3.12)                     -> canonical Instr
                                                          .lineno, else the previous Instr's);
                                                          `positions` kept as is
 
-Split instructions (rules 6 and 7): the first half keeps the original `offset`, the second half
-has offset None; both carry the original positions and exception entry.
+3.13 rules (the canonical form keeps the running version's NULL-slot order: see rule 14)
+ 14   3.13 calls: [callable, NULL|self, args]         -> `CALL` as rule 1, argval=(n, kwnames);
+      `LOAD_CONST kwnames; CALL_KW n`                    the stack order is the real one (the
+                                                         NULL is ABOVE the callable; a method
+                                                         load still pushes [meth, self]):
+                                                         `_compat.NULL_ABOVE_CALLABLE`
+ 15   LOAD_FAST_LOAD_FAST, STORE_FAST_LOAD_FAST,      -> two instructions (LOAD_FAST/STORE_FAST)
+      STORE_FAST_STORE_FAST
+ 16   `MAKE_FUNCTION; SET_FUNCTION_ATTRIBUTE f...`    -> one `MAKE_FUNCTION`, arg=argval=the OR
+                                                         of the flags (3.11/3.12's oparg)
+ 17   `END_FOR; POP_TOP` at a loop exit               -> removed (as END_FOR in rule 12)
+ 18   `COMPARE_OP` (cmp_op[arg >> 5], bit 4: bool)    -> argval as rule 8, arg raw (the bool
+                                                         bit only matters to assembly: a jump
+                                                         consumes the result anyway)
+ 19   LOAD_FAST of a cell or free variable            -> `LOAD_CLOSURE` (as on 3.11/3.12)
+ 20   TO_BOOL, CONVERT_VALUE (argval 'str' 'repr'     -> unchanged (3.13-only canonical ops;
+      'ascii'), FORMAT_SIMPLE, FORMAT_WITH_SPEC          POP_JUMP_IF_TRUE/FALSE and UNARY_NOT
+                                                         need an exact bool on 3.13, so TO_BOOL
+                                                         is kept where the compiler put it)
 
-3.13+ is not supported yet: decode raises `UnsupportedBytecode`.
+Split instructions (rules 6, 7 and 15): the first half keeps the original `offset`, the second
+half has offset None; both carry the original positions and exception entry. Fused ones (rules
+14 and 16) keep the first instruction's offset.
+
+Python 3.14+ is not supported: decode raises `UnsupportedBytecode`.
 """
 
 from __future__ import annotations
@@ -106,11 +127,11 @@ def clear_decode_cache() -> None:
 
 def decode_fresh(code: types.CodeType) -> list[Instr]:
     """Decode `code` into a new list of canonical instructions (safe to mutate)."""
-    if _compat.PY313:
+    if not _compat.SUPPORTED:
         raise UnsupportedBytecode(
             f"cannot decode {code.co_qualname!r}: Python {_compat.version_str()} bytecode is not "
-            "supported by the bytecode layer (3.11 and 3.12 are)",
-            hint="run on Python 3.11 or 3.12; on this version frames run eagerly")
+            "supported by the bytecode layer (3.11, 3.12 and 3.13 are)",
+            hint="run on Python 3.11 to 3.13; on this version frames run eagerly")
     return _Decoder(code).run()
 
 
@@ -124,18 +145,21 @@ class _Decoder:
         self.kwnames: tuple[str, ...] = ()
         self.line: int | None = code.co_firstlineno
         self.end_for: set[int] = set()
+        self.cells = frozenset(code.co_cellvars + code.co_freevars)
+        self.previous_op: str | None = None  # the raw opname before the current one
 
     def run(self) -> list[Instr]:
         raw = list(dis.get_instructions(self.code))
         for ins in raw:
             self.step(ins)
+            self.previous_op = ins.opname
         renumber(self.out)
         self.link_jumps(raw)
         self.link_exceptions()
         return self.out
 
     def emit(self, ins: dis.Instruction, opname: str, arg: int | None = None,
-             argval: object = None, *, first: bool = True, **flags: bool) -> Instr:
+             argval: object = None, *, first: bool = True, **flags: object) -> Instr:
         # positions, not starts_line: co_lines() merges ranges differently after a round trip
         lineno = ins.positions.lineno if ins.positions is not None else None
         self.line = lineno if lineno is not None else self.line
@@ -152,7 +176,7 @@ class _Decoder:
 
     def step(self, ins: dis.Instruction) -> None:  # noqa: C901 (one flat rule table)
         op, arg = ins.opname, ins.arg
-        if op in REMOVED:
+        if op in REMOVED or self.is_loop_exit_pop(ins):
             if op == "KW_NAMES":
                 self.kwnames = tuple(self.code.co_consts[arg])
             elif op == "END_FOR":
@@ -161,10 +185,22 @@ class _Decoder:
         elif op == "CALL":
             self.emit(ins, "CALL", arg, (arg, self.kwnames))
             self.kwnames = ()
+        elif op == "LOAD_FAST" and _compat.PY313 and ins.argval in self.cells:
+            self.emit(ins, "LOAD_CLOSURE", arg, ins.argval)  # 3.13 loads a cell object this way
+        elif op == "CALL_KW":
+            self.emit_call_kw(ins)
+        elif op in _compat.SUPERINSTRUCTIONS:
+            first, second = _compat.SUPERINSTRUCTIONS[op]
+            self.emit(ins, first, None, ins.argval[0], origin=op)
+            self.emit(ins, second, None, ins.argval[1], first=False)
+        elif op == "MAKE_FUNCTION" and arg is None:  # 3.13: attributes follow as their own ops
+            self.emit(ins, op, 0, 0)
+        elif op == "SET_FUNCTION_ATTRIBUTE":
+            self.merge_function_attribute(ins)
         elif op == "LOAD_METHOD":
             self.emit(ins, "LOAD_ATTR", arg, ins.argval, method=True)
         elif op == "LOAD_ATTR":
-            self.emit(ins, "LOAD_ATTR", arg, ins.argval, method=bool(_compat.PY312 and arg & 1))
+            self.emit(ins, "LOAD_ATTR", arg, ins.argval, method=bool(_compat.SINCE_312 and arg & 1))
         elif op == "LOAD_GLOBAL":
             self.emit(ins, "LOAD_GLOBAL", arg, ins.argval, push_null=bool(arg & 1))
         elif op == "LOAD_SUPER_ATTR":
@@ -173,7 +209,8 @@ class _Decoder:
             if op not in JUMP_NAMES:
                 raise UnsupportedBytecode(f"unknown jump opcode {op} on Python "
                                           f"{_compat.version_str()} in {self.code.co_qualname!r}")
-            self.emit(ins, JUMP_NAMES[op], arg, ins.argval)
+            self.emit(ins, JUMP_NAMES[op], arg, ins.argval,
+                      origin=op if op == "JUMP_BACKWARD_NO_INTERRUPT" else None)
         elif op == "RETURN_CONST":
             self.emit(ins, "LOAD_CONST", arg, ins.argval)
             self.emit(ins, "RETURN_VALUE", first=False)
@@ -186,11 +223,44 @@ class _Decoder:
         elif op in INTRINSICS_311:
             name, number = INTRINSICS_311[op]
             self.emit(ins, "CALL_INTRINSIC_1", number, name)
+        elif op == "CONVERT_VALUE":
+            self.emit(ins, op, arg, ins.argrepr)
         elif op == "FORMAT_VALUE":
             conv = _compat.FORMAT_CONVERSIONS[arg & 3]
             self.emit(ins, op, arg, (conv, bool(arg & _compat.FORMAT_SPEC_BIT)))
         else:
             self.emit(ins, op, arg, ins.argval)
+
+    def is_loop_exit_pop(self, ins: dis.Instruction) -> bool:
+        """The POP_TOP of 3.13's `END_FOR; POP_TOP` loop exit (FOR_ITER skips both)."""
+        return ins.opname == "POP_TOP" and self.previous_op == "END_FOR" and \
+            _compat.LOOP_EXIT == ("END_FOR", "POP_TOP")
+
+    def emit_call_kw(self, ins: dis.Instruction) -> None:
+        """3.13 `LOAD_CONST kwnames; CALL_KW n` -> one CALL: the compiler always loads the names
+        tuple right before CALL_KW, so the LOAD_CONST just emitted is taken back."""
+        names = self.out[-1] if self.out else None
+        if names is None or names.opname != "LOAD_CONST" or type(names.argval) is not tuple:
+            raise UnsupportedBytecode(f"CALL_KW at offset {ins.offset} in "
+                                      f"{self.code.co_qualname!r} does not follow the LOAD_CONST "
+                                      "of its keyword names")
+        self.out.pop()
+        self.src.pop()
+        call = self.emit(ins, "CALL", ins.arg, (ins.arg, names.argval))
+        call.offset = names.offset
+        for off, instr in self.at_offset.items():  # jumps to the names now land on the call
+            if instr is names:
+                self.at_offset[off] = call
+
+    def merge_function_attribute(self, ins: dis.Instruction) -> None:
+        """3.13 `SET_FUNCTION_ATTRIBUTE flag` right after MAKE_FUNCTION -> its flag bit."""
+        make = self.out[-1] if self.out else None
+        if make is None or make.opname != "MAKE_FUNCTION":
+            raise UnsupportedBytecode(f"SET_FUNCTION_ATTRIBUTE at offset {ins.offset} in "
+                                      f"{self.code.co_qualname!r} does not follow MAKE_FUNCTION")
+        make.arg |= ins.arg
+        make.argval = make.arg
+        self.pending.append(ins.offset)
 
     def link_jumps(self, raw: list[dis.Instruction]) -> None:
         for ins in raw:

@@ -13,7 +13,7 @@ from kiln.capture.bytecode import _compat
 from kiln.capture.bytecode.instructions import BytecodeError, Instr
 
 __all__ = [
-    "at", "binary_op", "binary_subscr", "build_list", "build_map", "build_slice", "build_tuple",
+    "NULL_ABOVE_CALLABLE", "at", "binary_op", "callable_with_null", "null_for_loaded_callable", "binary_subscr", "build_list", "build_map", "build_slice", "build_tuple",
     "call", "call_function_ex", "compare_op", "copy", "for_iter", "get_iter", "jump",
     "load_attr", "load_const", "load_deref", "load_fast", "load_global", "nop", "pop_jump_if",
     "pop_jump_if_none", "pop_top", "push_null", "raise_varargs", "return_value", "store_attr",
@@ -21,6 +21,9 @@ __all__ = [
 ]
 
 COMPARE_OPS = ("<", "<=", "==", "!=", ">", ">=")
+
+#: 3.13 puts a call's NULL slot above the callable ([f, NULL, args]); 3.11/3.12 below it
+NULL_ABOVE_CALLABLE = _compat.NULL_ABOVE_CALLABLE
 
 
 def _i(opname: str, arg: int | None = None, argval: Any = None, **kw: Any) -> Instr:
@@ -39,6 +42,18 @@ def at(instrs: Iterable[Instr], like: Instr | None = None, *, lineno: int | None
 def call(nargs: int, kwnames: Iterable[str] = (), *, lineno: int | None = None) -> Instr:
     """Call with stack [A, B, arg1..argn] (names of the last len(kwnames) args in kwnames)."""
     return _i("CALL", nargs, (nargs, tuple(kwnames)), lineno=lineno)
+
+
+def callable_with_null(load: list[Instr]) -> list[Instr]:
+    """`load` (instructions pushing one callable) with the NULL slot a `CALL` without `self`
+    needs, in the running version's order."""
+    null = push_null()
+    return [*load, null] if NULL_ABOVE_CALLABLE else [null, *load]
+
+
+def null_for_loaded_callable() -> list[Instr]:
+    """Turn a callable already on the stack into the [callable, NULL] pair of a call."""
+    return [push_null()] if NULL_ABOVE_CALLABLE else [push_null(), swap(2)]
 
 
 def call_function_ex(has_kwargs: bool, *, lineno: int | None = None) -> Instr:
@@ -82,7 +97,8 @@ def jump(target: Instr, *, lineno: int | None = None) -> Instr:
 
 
 def pop_jump_if(cond: bool, target: Instr, *, lineno: int | None = None) -> Instr:
-    """Pop TOS; jump to `target` if bool(TOS) is `cond`."""
+    """Pop TOS; jump to `target` if bool(TOS) is `cond`. On 3.13 TOS must be an exact bool
+    (a comparison, `in`, `is`, or a value after a `TO_BOOL`)."""
     return _i("POP_JUMP_IF_TRUE" if cond else "POP_JUMP_IF_FALSE", target=target, lineno=lineno)
 
 

@@ -59,6 +59,11 @@ class Instr:
       push_null `LOAD_GLOBAL`: a NULL is pushed before the global.
       method    `LOAD_ATTR`: method-form load (pushes [meth, self] or [NULL, attr]);
                 `LOAD_SUPER_ATTR`: bit 0 of the oparg.
+      origin    the real opname decode folded or split into this instruction, where assembly
+                needs it to rebuild the original exactly (no semantic difference):
+                JUMP_BACKWARD_NO_INTERRUPT (3.13 also uses it outside `yield from` loops) and,
+                on the first half, a 3.13 superinstruction (CPython leaves some adjacent pairs
+                unfused, e.g. the loads building a closure tuple).
     """
 
     opname: str
@@ -72,6 +77,7 @@ class Instr:
     index: int = -1
     push_null: bool = False
     method: bool = False
+    origin: str | None = None
 
     def __repr__(self) -> str:
         return f"<Instr {format_instr(self)}>"
