@@ -55,8 +55,11 @@ def aot_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
                 bw_compiler: Callable = identity_compiler,
                 inference_compiler: Callable | None = None,
                 joint_passes: Sequence[Callable[[JointGraph], JointGraph]] = (),
-                partition_policy: str = "min_cut") -> CompiledGraph:
-    """Compile a captured graph through the autograd stage; see the module docstring."""
+                partition_policy: str = "min_cut", symbolic: bool = False) -> CompiledGraph:
+    """Compile a captured graph through the autograd stage; see the module docstring.
+    `symbolic`: a graph captured with symbolic sizes is traced once for every size, and the
+    compilers receive graphs whose placeholders have symbolic `meta["val"]`
+    (`is_symbolic_graph`); else it is traced for the sizes of each call's inputs."""
     compilers = Compilers(fw_compiler, bw_compiler, inference_compiler, tuple(joint_passes),
                           partition_policy)
-    return CompiledGraph(gm, list(example_inputs), compilers)
+    return CompiledGraph(gm, list(example_inputs), compilers, symbolic=symbolic)

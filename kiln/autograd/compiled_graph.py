@@ -35,6 +35,9 @@ from kiln.autograd import _compat
 from kiln.autograd.epilogue import Epilogue
 from kiln.autograd.mutation import is_leaf_write
 from kiln.autograd.joint import AutogradUnsupported, JointGraph, TensorSpec
+from kiln.autograd.size_variants import PerSizeVariants, SymbolicVariant
+from kiln.autograd.symbolic import (SizeConditions, SizeFunction, is_symbolic_graph,
+                                    is_symbolic_value)
 from kiln.autograd.trace import lifted_attributes, trace_inference, trace_joint
 from kiln.errors import KilnError
 from kiln import records
@@ -78,11 +81,14 @@ class CompiledGraph:
     """The callable for one captured graph (see the module docstring)."""
 
     def __init__(self, gm: torch.fx.GraphModule, example_inputs: list,
-                 compilers: Compilers) -> None:
+                 compilers: Compilers, *, symbolic: bool = False) -> None:
         self.gm = gm
         self.compilers = compilers
         self.lifted = [name for name, _ in lifted_attributes(gm)]
         self.variants: dict[tuple, Callable[[list], Any]] = {}
+        # with symbolic sizes in the captured graph, each variant is traced once for every
+        # size (`symbolic.py`), falling back to a trace per size (`size_variants.py`)
+        self.symbolic = symbolic and is_symbolic_graph(gm)
         self.variant_for(self._full_args(list(example_inputs)))  # compile errors surface now
 
     def __call__(self, *args: Any) -> Any:
@@ -119,6 +125,42 @@ class CompiledGraph:
         return variant.fn, variant.epilogue
 
     def _compile(self, args: list, training: bool) -> Callable[[list], Any]:
+        if not self.symbolic:
+            return self._compile_static(args, training)
+        per_size = PerSizeVariants(functools.partial(self._compile_static, training=training),
+                                   self._symbolic_positions(),
+                                   EagerVariant(self.gm, len(args) - len(self.lifted)))
+        symbolic = self._compile_symbolic(args, training)
+        if symbolic is None:
+            return per_size
+        variant, conditions = symbolic
+        return SymbolicVariant(variant, conditions, per_size)
+
+    def _symbolic_positions(self) -> list[int]:
+        placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
+        return [i for i, n in enumerate(placeholders) if is_symbolic_value(n.meta.get("val"))]
+
+    def _compile_symbolic(self, args: list, training: bool
+                          ) -> tuple[Variant, SizeConditions | None] | None:
+        """The variant traced with symbolic sizes and the facts its trace added to the capture's
+        ShapeEnv (None: none); None when the symbolic trace fails (then: per size)."""
+        shape_env = _compat.shape_env_of(_fake_args(self.gm))
+        start = _compat.guard_count(shape_env)
+        user_args = args[:len(args) - len(self.lifted)]
+        try:
+            trace = trace_joint if training else trace_inference
+            variant = self._variant(trace(self.gm, user_args, symbolic=True))
+            facts = _compat.guards_since(shape_env, start)
+            conditions = SizeConditions(facts, variant.joint.size_symbols) if facts else None
+        except Exception as err:  # noqa: BLE001 - the per-size traces give eager's answer
+            log.debug("the symbolic autograd trace failed (%s: %s); tracing per size instead",
+                      type(err).__name__, err)
+            return None
+        if conditions is not None:
+            log.debug("the symbolic autograd trace holds for sizes where %s", conditions)
+        return variant, conditions
+
+    def _compile_static(self, args: list, training: bool) -> Callable[[list], Any]:
         start = time.perf_counter()
         user_args = args[:len(args) - len(self.lifted)]
         try:
@@ -134,13 +176,17 @@ class CompiledGraph:
                 raise
             log.debug("the graph writes into a leaf that requires grad; eager raises: %s", err)
             return EagerVariant(self.gm, len(user_args))  # raises eager's own error
-        for joint_pass in self.compilers.joint_passes:
-            joint = joint_pass(joint)
-        variant = (TrainingVariant(joint, self.compilers, self.gm) if joint.training
-                   else InferenceVariant(joint, self.compilers, self.gm))
+        variant = self._variant(joint)
         log.debug("compiled %s variant in %.3f s", "training" if joint.training else "inference",
                   time.perf_counter() - start)
         return variant
+
+    def _variant(self, joint: JointGraph) -> Variant:
+        for joint_pass in self.compilers.joint_passes:
+            joint = joint_pass(joint)
+        if joint.training:
+            return TrainingVariant(joint, self.compilers, self.gm)
+        return InferenceVariant(joint, self.compilers, self.gm)
 
 
 def _fetch(root: torch.nn.Module, dotted: str) -> Any:
@@ -248,6 +294,10 @@ class TrainingVariant(Variant):
         self.backward_errors = [(k, info.backward_error) for k, info in enumerate(slots)
                                 if info.backward_error]
         self.grad_tangents = _tangents_per_output(self.partition.bw_gm, joint.num_tangents)
+        # symbolic sizes: the tangents' layouts for the sizes of each call
+        self.tangent_layouts = SizeFunction(
+            [(spec.shape, spec.stride, spec.storage_offset) for spec in joint.tangent_specs],
+            joint.size_symbols) if joint.symbolic else None
 
     def __call__(self, args: list) -> Any:
         full = self.prepare(args)
@@ -264,6 +314,7 @@ class TrainingVariant(Variant):
         mutated = {id(args[i]) for i in self.joint.mutated_inputs}
         saved = tuple(s.clone() if isinstance(s, torch.Tensor) and id(s) in mutated else s
                       for s in saved)  # the epilogue overwrites mutated inputs
+        ctx.tangent_specs = self._tangent_specs(args)
         ctx.tensor_slots = [isinstance(s, torch.Tensor) for s in saved]
         ctx.others = [s for s in saved if not isinstance(s, torch.Tensor)]
         ctx.save_for_backward(*(s for s in saved if isinstance(s, torch.Tensor)))
@@ -282,6 +333,13 @@ class TrainingVariant(Variant):
             ctx.mark_non_differentiable(*frozen)
         return tuple(returned)
 
+    def _tangent_specs(self, args: tuple) -> tuple[TensorSpec, ...]:
+        if self.tangent_layouts is None:
+            return self.joint.tangent_specs
+        return tuple(dataclasses.replace(spec, shape=shape, stride=stride, storage_offset=offset)
+                     for spec, (shape, stride, offset)
+                     in zip(self.joint.tangent_specs, self.tangent_layouts(args)))
+
     def backward(self, ctx: Any, grads: tuple) -> tuple:
         if torch.is_grad_enabled():
             raise DoubleBackwardError(
@@ -292,7 +350,7 @@ class TrainingVariant(Variant):
                 raise RuntimeError(message)
         grads = _view_gradients(grads, ctx.views)
         tangents = [_coerce(grads[slot], spec)
-                    for slot, spec in zip(self.tangent_slots, self.joint.tangent_specs)]
+                    for slot, spec in zip(self.tangent_slots, ctx.tangent_specs)]
         tensors, others = iter(ctx.saved_tensors), iter(ctx.others)
         saved = [next(tensors) if is_tensor else next(others) for is_tensor in ctx.tensor_slots]
         if self.bw is None:

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
 from kiln.autograd import _compat
 from kiln.autograd.joint import JointGraph, OutputInfo
+from kiln.autograd.symbolic import SizeFunction
 
 __all__ = ["OUTPUT_KINDS", "Epilogue", "OutputRule", "WriteBack"]
 
@@ -65,13 +66,19 @@ class Epilogue:
     outputs: tuple[OutputRule, ...]
     output_spec: Any
     write_backs: tuple[WriteBack, ...] = ()
+    # symbolic sizes: args -> each rule's view geometry for the call's sizes (None: as traced)
+    view_sizes: Callable[[Sequence[Any]], tuple] | None = dataclasses.field(default=None,
+                                                                           compare=False)
 
     @classmethod
     def of(cls, joint: JointGraph) -> Epilogue:
         write_backs = tuple(WriteBack(i, info.requires_grad)
                             for i, info in zip(joint.mutated_inputs, joint.input_mutations))
-        return cls(tuple(OutputRule.of(info) for info in joint.outputs), joint.output_spec,
-                   write_backs)
+        rules = tuple(OutputRule.of(info) for info in joint.outputs)
+        view_sizes = None
+        if joint.symbolic and any(rule.kind == "input_view" for rule in rules):
+            view_sizes = SizeFunction(tuple(rule.view for rule in rules), joint.size_symbols)
+        return cls(rules, joint.output_spec, write_backs, view_sizes)
 
     @classmethod
     def from_structure(cls, outputs: Sequence[OutputRule], structure: Any) -> Epilogue:
@@ -99,8 +106,10 @@ class Epilogue:
         self._write_back(args, outs)
         flat: list[Any] = []
         position = len(self.write_backs)
-        for rule in self.outputs:
-            flat.append(_output_value(rule, args, outs, position, flat))
+        views = self.view_sizes(args) if self.view_sizes is not None else None
+        for k, rule in enumerate(self.outputs):
+            view = rule.view if views is None else views[k]
+            flat.append(_output_value(rule, args, outs, position, flat, view))
             if rule.kind != "constant":
                 position += 1
         return _compat.tree_unflatten(flat, self.output_spec)
@@ -115,13 +124,13 @@ class Epilogue:
 
 
 def _output_value(rule: OutputRule, args: Sequence[Any], outs: tuple, position: int,
-                  flat: list) -> Any:
+                  flat: list, view: Any) -> Any:
     if rule.kind == "tensor":
         return outs[position]
     if rule.kind == "input":
         return args[rule.index]
     if rule.kind == "input_view":
-        shape, stride, offset = rule.view
+        shape, stride, offset = view
         return args[rule.index].as_strided(shape, stride, offset)
     if rule.kind == "duplicate":
         return flat[rule.index]

@@ -45,6 +45,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from kiln.autograd._compat import size_hint
 from kiln.autograd.maxflow import FlowNetwork
 from kiln.autograd.saved_report import SavedValue, format_saved_report
 from kiln.errors import InternalError, InvalidArgument
@@ -107,15 +108,16 @@ def _is_random(target: Any) -> bool:
 def _value_bytes(val: Any) -> int | None:
     """Bytes to keep `val` alive; None for values that are never saved whole (tuples, None)."""
     if isinstance(val, torch.Tensor):
-        return int(val.numel()) * val.element_size()
+        return _numel(val) * val.element_size()
     if isinstance(val, (bool, int, float, torch.SymInt, torch.SymFloat, torch.SymBool)):
         return 8
     return None
 
 
 def _numel(val: Any) -> int:
+    """Elements of a tensor (the example's count for symbolic sizes: no guard is recorded)."""
     if isinstance(val, torch.Tensor):
-        return int(val.numel())
+        return size_hint(val.numel())
     if isinstance(val, (tuple, list)):
         return max((_numel(v) for v in val), default=0)
     return 0
@@ -440,7 +442,7 @@ def _saved_value(info: _Joint, n: fx.Node, policy: str) -> SavedValue:
     else:
         reason = recompute_ban(n) or policy.replace("_", "-")
     if isinstance(val, torch.Tensor):
-        shape: tuple[int, ...] | None = tuple(int(s) for s in val.shape)
+        shape: tuple[int, ...] | None = tuple(size_hint(s) for s in val.shape)
         dtype = str(val.dtype).removeprefix("torch.")
     else:
         shape, dtype = None, type(val).__name__
