@@ -18,6 +18,12 @@ autograd forbids in-place writes on views created inside a custom Function, whic
 
 A variant the autograd stage refuses (AutogradUnsupported), and a call whose mutated inputs share
 memory with another input, run the captured graph eagerly instead, with the reason logged.
+
+Symbolic sizes (`symbolic=True` and a graph captured with symbolic sizes): each variant is
+traced once with the capture's symbolic sizes and serves every size (`SymbolicVariant`); the
+layouts the runtime needs (tangents, outputs viewing inputs, returned sizes) are evaluated for
+each call's sizes. When that trace fails, or a call's sizes break a fact the trace added to the
+ShapeEnv, the variant is traced for the call's sizes instead (`size_variants.PerSizeVariants`).
 """
 from __future__ import annotations
 
@@ -35,7 +41,7 @@ from kiln.autograd import _compat
 from kiln.autograd.epilogue import Epilogue
 from kiln.autograd.mutation import is_leaf_write
 from kiln.autograd.joint import AutogradUnsupported, JointGraph, TensorSpec
-from kiln.autograd.size_variants import PerSizeVariants, SymbolicVariant
+from kiln.autograd.size_variants import PerSizeVariants, SymbolicVariant, unwrap_variants
 from kiln.autograd.symbolic import (SizeConditions, SizeFunction, is_symbolic_graph,
                                     is_symbolic_value)
 from kiln.autograd.trace import lifted_attributes, trace_inference, trace_joint
@@ -112,6 +118,14 @@ class CompiledGraph:
             variant = self.variants[key] = self._compile(args, training)
         return variant
 
+    def traced_variants(self) -> list[Any]:
+        """Every variant made so far, those behind a symbolic variant and per-size ones
+        included: TrainingVariant, InferenceVariant or EagerVariant objects."""
+        found: list[Any] = []
+        for variant in self.variants.values():
+            found.extend(unwrap_variants(variant))
+        return found
+
     def compiled_inference(self) -> tuple[Any, Epilogue] | None:
         """What the inference compiler returned and the epilogue that finishes its outputs, when
         the inference variant was compiled, reads no module attributes and writes no input (so
@@ -145,19 +159,22 @@ class CompiledGraph:
         """The variant traced with symbolic sizes and the facts its trace added to the capture's
         ShapeEnv (None: none); None when the symbolic trace fails (then: per size)."""
         shape_env = _compat.shape_env_of(_fake_args(self.gm))
-        start = _compat.guard_count(shape_env)
+        start, began = _compat.guard_count(shape_env), time.perf_counter()
         user_args = args[:len(args) - len(self.lifted)]
         try:
             trace = trace_joint if training else trace_inference
             variant = self._variant(trace(self.gm, user_args, symbolic=True))
+            if isinstance(variant, TrainingVariant):
+                variant.compile_backward()  # what its compiler assumes is checked per call too
             facts = _compat.guards_since(shape_env, start)
             conditions = SizeConditions(facts, variant.joint.size_symbols) if facts else None
         except Exception as err:  # noqa: BLE001 - the per-size traces give eager's answer
             log.debug("the symbolic autograd trace failed (%s: %s); tracing per size instead",
                       type(err).__name__, err)
             return None
-        if conditions is not None:
-            log.debug("the symbolic autograd trace holds for sizes where %s", conditions)
+        log.debug("compiled %s variant with symbolic sizes in %.3f s%s",
+                  "training" if training else "inference", time.perf_counter() - began,
+                  f"; it holds where {conditions}" if conditions is not None else "")
         return variant, conditions
 
     def _compile_static(self, args: list, training: bool) -> Callable[[list], Any]:
@@ -333,6 +350,14 @@ class TrainingVariant(Variant):
             ctx.mark_non_differentiable(*frozen)
         return tuple(returned)
 
+    def compile_backward(self) -> Callable[..., Any]:
+        """The compiled backward graph, compiled on first use."""
+        if self.bw is None:
+            bw_gm = self.partition.bw_gm
+            _log_graph("backward", bw_gm)
+            self.bw = self.compilers.bw_compiler(bw_gm, _fake_args(bw_gm))
+        return self.bw
+
     def _tangent_specs(self, args: tuple) -> tuple[TensorSpec, ...]:
         if self.tangent_layouts is None:
             return self.joint.tangent_specs
@@ -353,16 +378,13 @@ class TrainingVariant(Variant):
                     for slot, spec in zip(self.tangent_slots, ctx.tangent_specs)]
         tensors, others = iter(ctx.saved_tensors), iter(ctx.others)
         saved = [next(tensors) if is_tensor else next(others) for is_tensor in ctx.tensor_slots]
-        if self.bw is None:
-            bw_gm = self.partition.bw_gm
-            _log_graph("backward", bw_gm)
-            self.bw = self.compilers.bw_compiler(bw_gm, _fake_args(bw_gm))
+        bw = self.compile_backward()
         reached = sum(1 << j for j, slot in enumerate(self.tangent_slots)
                       if grads[slot] is not None)
         # an input whose gradient reads only tangents no gradient reached gets None, as in
         # eager (autograd never reaches it), not zeros
         return tuple(None if needs and not needs & reached else grad
-                     for grad, needs in zip(self.bw(*saved, *tangents), self.grad_tangents))
+                     for grad, needs in zip(bw(*saved, *tangents), self.grad_tangents))
 
 
 def _make_function(variant: TrainingVariant) -> type:

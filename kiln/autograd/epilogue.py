@@ -4,7 +4,8 @@ A compiled forward or inference graph returns `(*new values of mutated inputs, *
 outputs)`. The epilogue writes the new values back into the inputs, then builds each flattened
 output of the captured graph (computed, an input itself, a view of an input regenerated from
 the real input, a repeat of an earlier output, or a Python constant) and restores the captured
-graph's output structure.
+graph's output structure. For a graph traced with symbolic sizes, the geometry of views of
+inputs and returned sizes (`x.shape[0] * 3`) are evaluated for each call's sizes.
 
 It is the only code that does this: `CompiledGraph`'s variants call it after their compiled
 graph, and the kiln backend's warm start stores an `Epilogue` as plain data
@@ -21,7 +22,7 @@ import torch
 
 from kiln.autograd import _compat
 from kiln.autograd.joint import JointGraph, OutputInfo
-from kiln.autograd.symbolic import SizeFunction
+from kiln.autograd.symbolic import SizeFunction, is_symbolic_value
 
 __all__ = ["OUTPUT_KINDS", "Epilogue", "OutputRule", "WriteBack"]
 
@@ -66,19 +67,22 @@ class Epilogue:
     outputs: tuple[OutputRule, ...]
     output_spec: Any
     write_backs: tuple[WriteBack, ...] = ()
-    # symbolic sizes: args -> each rule's view geometry for the call's sizes (None: as traced)
-    view_sizes: Callable[[Sequence[Any]], tuple] | None = dataclasses.field(default=None,
-                                                                           compare=False)
+    # symbolic sizes: args -> per rule, (view, value) for the call's sizes (None: as traced)
+    sized: Callable[[Sequence[Any]], tuple] | None = dataclasses.field(default=None,
+                                                                      compare=False)
 
     @classmethod
     def of(cls, joint: JointGraph) -> Epilogue:
         write_backs = tuple(WriteBack(i, info.requires_grad)
                             for i, info in zip(joint.mutated_inputs, joint.input_mutations))
         rules = tuple(OutputRule.of(info) for info in joint.outputs)
-        view_sizes = None
-        if joint.symbolic and any(rule.kind == "input_view" for rule in rules):
-            view_sizes = SizeFunction(tuple(rule.view for rule in rules), joint.size_symbols)
-        return cls(rules, joint.output_spec, write_backs, view_sizes)
+        sized = None
+        if joint.symbolic and any(is_symbolic_value(rule.value) or rule.kind == "input_view"
+                                  for rule in rules):
+            # views of inputs and returned sizes (`x.shape[0] * 3`) follow each call's sizes
+            sized = SizeFunction(tuple((rule.view, rule.value) for rule in rules),
+                                 joint.size_symbols)
+        return cls(rules, joint.output_spec, write_backs, sized)
 
     @classmethod
     def from_structure(cls, outputs: Sequence[OutputRule], structure: Any) -> Epilogue:
@@ -106,10 +110,11 @@ class Epilogue:
         self._write_back(args, outs)
         flat: list[Any] = []
         position = len(self.write_backs)
-        views = self.view_sizes(args) if self.view_sizes is not None else None
+        sized = self.sized(args) if self.sized is not None else None
         for k, rule in enumerate(self.outputs):
-            view = rule.view if views is None else views[k]
-            flat.append(_output_value(rule, args, outs, position, flat, view))
+            if sized is not None:
+                rule = dataclasses.replace(rule, view=sized[k][0], value=sized[k][1])
+            flat.append(_output_value(rule, args, outs, position, flat))
             if rule.kind != "constant":
                 position += 1
         return _compat.tree_unflatten(flat, self.output_spec)
@@ -124,13 +129,13 @@ class Epilogue:
 
 
 def _output_value(rule: OutputRule, args: Sequence[Any], outs: tuple, position: int,
-                  flat: list, view: Any) -> Any:
+                  flat: list) -> Any:
     if rule.kind == "tensor":
         return outs[position]
     if rule.kind == "input":
         return args[rule.index]
     if rule.kind == "input_view":
-        shape, stride, offset = view
+        shape, stride, offset = rule.view
         return args[rule.index].as_strided(shape, stride, offset)
     if rule.kind == "duplicate":
         return flat[rule.index]

@@ -15,6 +15,7 @@ traces such groups through a synthetic base, so this is a safety net.
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -53,7 +54,10 @@ def functionalize_raw(raw: RawTrace, decompositions: dict) -> JointGraph:
         return _ReplayRaw(raw.gm, tracer, attrs).run(*args[:n])
 
     functional = torch.func.functionalize(replay, remove="mutations")
-    with fake_mode, tracer, torch.no_grad():
+    # symbolic sizes: torch's Python kernels, as in stage 1 (some C++ composite kernels of
+    # functionalization want concrete sizes)
+    dispatcher = _compat.python_dispatcher() if raw.symbolic else contextlib.nullcontext()
+    with fake_mode, tracer, torch.no_grad(), dispatcher:
         outs = functional(*primals, *tangents, *constants.values())
     num_outs = sum(1 for info in raw.outputs if info.kind != "constant")
     num_returned = len(raw.returned_inputs)

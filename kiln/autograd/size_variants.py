@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 from kiln.autograd.symbolic import SizeConditions
 from kiln.logs import warn_once
 
-__all__ = ["MAX_SIZES", "PerSizeVariants", "SymbolicVariant"]
+__all__ = ["MAX_SIZES", "PerSizeVariants", "SymbolicVariant", "unwrap_variants"]
 
 log = logging.getLogger("kiln.autograd")
 
@@ -70,3 +70,12 @@ class SymbolicVariant:
         if self.conditions is None or self.conditions.holds(args):
             return self.variant(args)
         return self.fallback(args)
+
+
+def unwrap_variants(variant: Any) -> list[Any]:
+    """The variants behind `variant`: itself, or those a SymbolicVariant / PerSizeVariants holds."""
+    if isinstance(variant, SymbolicVariant):
+        return [variant.variant, *unwrap_variants(variant.fallback)]
+    if isinstance(variant, PerSizeVariants):
+        return list(variant.variants.values())
+    return [variant]
