@@ -18,7 +18,6 @@ from kiln.errors import KilnError
 
 if TYPE_CHECKING:
     from kiln.autograd.mutation import SyntheticBase
-    from kiln.autograd.symbolic import SizeSymbols
 
 __all__ = ["AutogradUnsupported", "JointGraph", "OutputInfo", "RawTrace", "TensorSpec"]
 
@@ -108,7 +107,7 @@ class JointGraph:
     lifted_attrs: tuple[str, ...] = ()
     static_input_indices: tuple[int, ...] = ()
     synthetic_bases: tuple[SyntheticBase, ...] = ()
-    size_symbols: SizeSymbols | None = None
+    size_symbols: Any = None  # a symbolic.SizeSymbols (symbolic imports this module)
 
     @property
     def symbolic(self) -> bool:
