@@ -95,6 +95,9 @@ class CompiledGraph:
         # with symbolic sizes in the captured graph, each variant is traced once for every
         # size (`symbolic.py`), falling back to a trace per size (`size_variants.py`)
         self.symbolic = symbolic and is_symbolic_graph(gm)
+        # the capture's guards end here: what any trace adds later is checked per call
+        self.shape_env = _compat.shape_env_of(_fake_args(gm)) if self.symbolic else None
+        self.capture_guards = _compat.guard_count(self.shape_env) if self.symbolic else 0
         self.variant_for(self._full_args(list(example_inputs)))  # compile errors surface now
 
     def __call__(self, *args: Any) -> Any:
@@ -156,17 +159,18 @@ class CompiledGraph:
 
     def _compile_symbolic(self, args: list, training: bool
                           ) -> tuple[Variant, SizeConditions | None] | None:
-        """The variant traced with symbolic sizes and the facts its trace added to the capture's
-        ShapeEnv (None: none); None when the symbolic trace fails (then: per size)."""
-        shape_env = _compat.shape_env_of(_fake_args(self.gm))
-        start, began = _compat.guard_count(shape_env), time.perf_counter()
+        """The variant traced with symbolic sizes and the facts the traces added to the
+        capture's ShapeEnv (None: none); None when the symbolic trace fails (then: per size).
+        The facts of every trace since capture count, not only this one's: the ShapeEnv knows
+        them, so this trace may have relied on them without recording them again."""
+        began = time.perf_counter()
         user_args = args[:len(args) - len(self.lifted)]
         try:
             trace = trace_joint if training else trace_inference
             variant = self._variant(trace(self.gm, user_args, symbolic=True))
             if isinstance(variant, TrainingVariant):
                 variant.compile_backward()  # what its compiler assumes is checked per call too
-            facts = _compat.guards_since(shape_env, start)
+            facts = _compat.guards_since(self.shape_env, self.capture_guards)
             conditions = SizeConditions(facts, variant.joint.size_symbols) if facts else None
         except Exception as err:  # noqa: BLE001 - the per-size traces give eager's answer
             log.debug("the symbolic autograd trace failed (%s: %s); tracing per size instead",

@@ -400,3 +400,26 @@ def test_a_failed_symbolic_trace_traces_per_size(monkeypatch, recorder, caplog):
             close(compiled(x), model(x), f"size {size}")
     assert "refused for the test" in caplog.text and "tracing per size instead" in caplog.text
     assert [r.symbolic for r in recorder.autograd_traces] == [False, True, False, False]
+
+
+def test_a_later_variant_is_checked_against_facts_an_earlier_trace_added():
+    """The ShapeEnv keeps the facts of every trace: a later trace that branches on one records
+    nothing new, so the facts of all traces since capture hold for its variant too."""
+    gm, inputs = _capture(_sum_rows_times_w, torch.randn(3, 6), torch.randn(4, 6))
+    branches = []
+
+    def branch_on_rows(joint):
+        rows = next(n for n in joint.gm.graph.nodes if n.op == "placeholder").meta["val"]
+        branches.append((joint.training, bool(rows.shape[0] < 10)))
+        return joint
+
+    with torch.no_grad():
+        compiled = aot_compile(gm, inputs, joint_passes=[branch_on_rows], symbolic=True)
+    x = torch.randn(12, 6, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_()
+    (out,) = compiled(x, *_WEIGHTS)  # training, 12 rows: the symbolic trace does not hold
+    close(out, _sum_rows_times_w(x2, *_WEIGHTS), "12 rows")
+    assert branches == [(False, True), (True, True), (True, False)]
+    symbolic = list(compiled.variants.values())
+    assert len(symbolic) == 2 and all(isinstance(v, SymbolicVariant) for v in symbolic)
+    assert all("10" in str(v.conditions) for v in symbolic)
