@@ -9,7 +9,7 @@ import torch.fx
 
 from kiln.diagnostics import GuardRecord, RecompileReason, Unsupported
 
-__all__ = ["GraphRecord", "Recorder", "active_recorders", "emit"]
+__all__ = ["AutogradTraceRecord", "GraphRecord", "Recorder", "active_recorders", "emit"]
 
 
 @dataclasses.dataclass
@@ -23,6 +23,16 @@ class GraphRecord:
     dynamic_dims: tuple[str, ...] = ()
 
 
+@dataclasses.dataclass(frozen=True)
+class AutogradTraceRecord:
+    """One trace of the autograd stage: training or inference, whether it traced symbolic sizes
+    (once for every size) or the sizes of `input_shapes` (None for a non-tensor input)."""
+
+    training: bool
+    symbolic: bool
+    input_shapes: tuple[tuple[int, ...] | None, ...]
+
+
 @dataclasses.dataclass
 class Recorder:
     graphs: list[GraphRecord] = dataclasses.field(default_factory=list)
@@ -33,6 +43,8 @@ class Recorder:
     pipeline_timings: list[dict[str, float]] = dataclasses.field(default_factory=list)
     # per pass of a stage's pass list: a kiln.passes.PassRecord (name, status, seconds)
     passes: list[Any] = dataclasses.field(default_factory=list)
+    # per trace of the autograd stage: an AutogradTraceRecord
+    autograd_traces: list[AutogradTraceRecord] = dataclasses.field(default_factory=list)
 
 
 _active: list[Recorder] = []

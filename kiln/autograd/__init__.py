@@ -14,6 +14,12 @@ Steps (`aot_compile`):
                         use; then the Epilogue: mutations written back, outputs aliasing
                         inputs rebuilt as views
 
+Symbolic sizes (`aot_compile(symbolic=True)`, docs/dynamic_shapes.md stage B): a graph captured
+with symbolic sizes is traced once, on FakeTensors sharing the capture's ShapeEnv, and its graphs
+serve every size: their placeholders carry symbolic `meta["val"]` (`is_symbolic_graph`), sizes
+an op takes are `sym_size.int` nodes and int arithmetic, and the forward saves the sizes the
+backward needs as ints (`symbolic.py`). A variant whose symbolic trace fails is traced per size.
+
 Invariants: the graphs handed to compilers are functional ATen graphs that follow
 `decompositions.py`; every node has meta["val"]; random ops are never recomputed; gradients are
 never wrong: in-place writes into inputs follow eager's autograd (`mutation.py`), a backward
@@ -33,6 +39,7 @@ import torch
 from kiln.autograd.compiled_graph import (CompiledGraph, Compilers, DoubleBackwardError,
                                           identity_compiler)
 from kiln.autograd.joint import AutogradUnsupported, JointGraph, OutputInfo, TensorSpec
+from kiln.autograd.symbolic import SymbolicUnsupported, is_symbolic_graph
 from kiln.autograd.trace import trace_inference, trace_joint
 
 __all__ = [
@@ -42,9 +49,11 @@ __all__ = [
     "DoubleBackwardError",
     "JointGraph",
     "OutputInfo",
+    "SymbolicUnsupported",
     "TensorSpec",
     "aot_compile",
     "identity_compiler",
+    "is_symbolic_graph",
     "trace_inference",
     "trace_joint",
 ]
@@ -55,8 +64,11 @@ def aot_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
                 bw_compiler: Callable = identity_compiler,
                 inference_compiler: Callable | None = None,
                 joint_passes: Sequence[Callable[[JointGraph], JointGraph]] = (),
-                partition_policy: str = "min_cut") -> CompiledGraph:
-    """Compile a captured graph through the autograd stage; see the module docstring."""
+                partition_policy: str = "min_cut", symbolic: bool = False) -> CompiledGraph:
+    """Compile a captured graph through the autograd stage; see the module docstring.
+    `symbolic`: a graph captured with symbolic sizes is traced once for every size, and the
+    compilers receive graphs whose placeholders have symbolic `meta["val"]`
+    (`is_symbolic_graph`); else it is traced for the sizes of each call's inputs."""
     compilers = Compilers(fw_compiler, bw_compiler, inference_compiler, tuple(joint_passes),
                           partition_policy)
-    return CompiledGraph(gm, list(example_inputs), compilers)
+    return CompiledGraph(gm, list(example_inputs), compilers, symbolic=symbolic)

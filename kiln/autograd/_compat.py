@@ -6,6 +6,7 @@ of these breaks in exactly one place.
 from __future__ import annotations
 
 import contextlib
+import operator
 from typing import Any, Callable, Iterator
 
 import torch
@@ -15,8 +16,16 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from kiln.capture._compat import new_fake_mode  # one factory for every stage (capture's floor)
+from kiln.capture._compat import (SYM_SIZE, SYM_STORAGE_OFFSET, SYM_STRIDE, SYM_TYPES,
+                                  SymbolPrinter, is_symbolic)
 
 __all__ = [
+    "SYMPY_CALLS",
+    "SYM_SIZE",
+    "SYM_STORAGE_OFFSET",
+    "SYM_STRIDE",
+    "SYM_TYPES",
+    "SymbolPrinter",
     "FakeTensor",
     "FakeTensorMode",
     "OpOverload",
@@ -24,6 +33,14 @@ __all__ = [
     "core_aten_decompositions",
     "current_autograd_node",
     "fake_constant",
+    "fake_mode_sharing",
+    "guard_count",
+    "guards_since",
+    "is_symbolic",
+    "known_equal",
+    "shape_env_of",
+    "size_hint",
+    "sym_expr",
     "has_composite_implicit_kernel",
     "is_fake",
     "new_fake_mode",
@@ -99,3 +116,88 @@ def python_dispatcher() -> contextlib.AbstractContextManager[None]:
 def storage_key(tensor: torch.Tensor) -> StorageWeakRef:
     """A key equal for two tensors exactly when they share a storage (works on fake tensors)."""
     return StorageWeakRef(tensor.untyped_storage())
+
+
+# -- symbolic sizes (issue 15, stage B; docs/dynamic_shapes.md) ----------------------------------
+# The joint trace of a graph captured with symbolic sizes runs on FakeTensors of the capture's
+# ShapeEnv: torch's meta functions and decompositions take SymInts, and every fact the trace
+# relies on lands in that ShapeEnv as a guard, which the stage reads back.
+import sympy  # noqa: E402 - torch's symbolic sizes are sympy expressions
+from torch.fx.experimental import symbolic_shapes as _shapes  # noqa: E402
+from torch.utils._sympy import functions as _sympy_fns  # noqa: E402
+
+
+def fake_mode_sharing(shape_env: Any) -> FakeTensorMode:
+    """A fake mode over `shape_env` (the capture's): its tensors may have the capture's symbolic
+    sizes; real tensors reaching an op become constants, as in `new_fake_mode`."""
+    return FakeTensorMode(shape_env=shape_env, allow_non_fake_inputs=True)
+
+
+def shape_env_of(values: Any) -> Any:
+    """The ShapeEnv behind the first symbolic size among `values` (tensors and numbers), or None."""
+    for value in values:
+        for size in _sizes_of(value):
+            if is_symbolic(size):
+                return size.node.shape_env
+    return None
+
+
+def _sizes_of(value: Any) -> tuple:
+    if isinstance(value, torch.Tensor):
+        return (*value.shape, *value.stride(), value.storage_offset())
+    return (value,)
+
+
+def sym_expr(value: Any) -> Any:
+    """The sympy expression of a symbolic number (with the ShapeEnv's replacements applied)."""
+    return value.node.expr
+
+
+def size_hint(value: Any) -> int:
+    """A size as the int it had in the example the trace started from, without recording a
+    guard (byte counts, reports); a plain int as it is."""
+    if isinstance(value, torch.SymInt):
+        node = value.node
+        return int(node.hint) if node.hint is not None else int(node.shape_env.size_hint(node.expr))
+    return int(value)
+
+
+def known_equal(a: Any, b: Any) -> bool:
+    """a == b for every value of the symbols (decided without recording a guard); a False may
+    also mean "not known"."""
+    if not isinstance(a, SYM_TYPES) and not isinstance(b, SYM_TYPES):
+        return a == b
+    return bool(_shapes.statically_known_true(a == b))
+
+
+def guard_count(shape_env: Any) -> int:
+    return len(shape_env.guards)
+
+
+def guards_since(shape_env: Any, start: int) -> list[Any]:
+    """The facts recorded in `shape_env` after its first `start` guards, simplified with its
+    replacements; those that became always true are dropped."""
+    found = []
+    for guard in shape_env.guards[start:]:
+        expr = shape_env.simplify(guard.expr)
+        if expr != sympy.true and expr not in found:
+            found.append(expr)
+    return found
+
+
+# torch's sympy functions in size expressions -> the Python operation each one is on ints
+# (a graph computes a symbolic size with these, from the sizes of its inputs)
+SYMPY_CALLS: dict[type, Callable] = {
+    _sympy_fns.FloorDiv: operator.floordiv,
+    _sympy_fns.CleanDiv: operator.floordiv,
+    _sympy_fns.Mod: operator.mod,
+    _sympy_fns.PythonMod: operator.mod,
+    _sympy_fns.IntTrueDiv: operator.truediv,
+    _sympy_fns.FloatTrueDiv: operator.truediv,
+    _sympy_fns.PowByNatural: operator.pow,
+    _sympy_fns.FloatPow: operator.pow,
+    _sympy_fns.ToFloat: torch.sym_float,
+    _sympy_fns.TruncToInt: torch.sym_int,
+    _sympy_fns.Max: torch.sym_max,
+    _sympy_fns.Min: torch.sym_min,
+}

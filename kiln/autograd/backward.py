@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from kiln.autograd import _compat
+
 if TYPE_CHECKING:
     from kiln.autograd.joint import OutputInfo
     from kiln.autograd.mutation import StandIns
@@ -89,13 +91,15 @@ def make_tangents(tracer: Any, diff: list[torch.Tensor]) -> list[torch.Tensor]:
 
 def tangent_strides(t: torch.Tensor) -> tuple[int, ...]:
     """The output's strides when it is dense (a permutation of a contiguous layout), else
-    contiguous strides: gradients of expanded or overlapping outputs are made dense."""
+    contiguous strides: gradients of expanded or overlapping outputs are made dense. Symbolic
+    sizes: the order of the dims comes from the example's sizes, and the layout counts as dense
+    only when it is for every size (no guard is recorded)."""
     shape, stride = tuple(t.shape), tuple(t.stride())
-    expected = 1
-    for d in sorted(range(t.dim()), key=lambda d: stride[d]):
-        if shape[d] == 1:
+    expected: Any = 1
+    for d in sorted(range(t.dim()), key=lambda d: _compat.size_hint(stride[d])):
+        if _compat.known_equal(shape[d], 1):
             continue
-        if stride[d] != expected:
+        if not _compat.known_equal(stride[d], expected):
             return _contiguous_strides(shape)
         expected *= shape[d]
     return stride
@@ -105,7 +109,7 @@ def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     strides, running = [], 1
     for size in reversed(shape):
         strides.append(running)
-        running *= max(size, 1)
+        running *= size if isinstance(size, torch.SymInt) else max(size, 1)  # symbolic: >= 2
     return tuple(reversed(strides))
 
 

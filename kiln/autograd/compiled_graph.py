@@ -18,6 +18,12 @@ autograd forbids in-place writes on views created inside a custom Function, whic
 
 A variant the autograd stage refuses (AutogradUnsupported), and a call whose mutated inputs share
 memory with another input, run the captured graph eagerly instead, with the reason logged.
+
+Symbolic sizes (`symbolic=True` and a graph captured with symbolic sizes): each variant is
+traced once with the capture's symbolic sizes and serves every size (`SymbolicVariant`); the
+layouts the runtime needs (tangents, outputs viewing inputs, returned sizes) are evaluated for
+each call's sizes. When that trace fails, or a call's sizes break a fact the trace added to the
+ShapeEnv, the variant is traced for the call's sizes instead (`size_variants.PerSizeVariants`).
 """
 from __future__ import annotations
 
@@ -35,6 +41,9 @@ from kiln.autograd import _compat
 from kiln.autograd.epilogue import Epilogue
 from kiln.autograd.mutation import is_leaf_write
 from kiln.autograd.joint import AutogradUnsupported, JointGraph, TensorSpec
+from kiln.autograd.size_variants import PerSizeVariants, SymbolicVariant, unwrap_variants
+from kiln.autograd.symbolic import (SizeConditions, SizeFunction, is_symbolic_graph,
+                                    is_symbolic_value)
 from kiln.autograd.trace import lifted_attributes, trace_inference, trace_joint
 from kiln.errors import KilnError
 from kiln import records
@@ -78,11 +87,17 @@ class CompiledGraph:
     """The callable for one captured graph (see the module docstring)."""
 
     def __init__(self, gm: torch.fx.GraphModule, example_inputs: list,
-                 compilers: Compilers) -> None:
+                 compilers: Compilers, *, symbolic: bool = False) -> None:
         self.gm = gm
         self.compilers = compilers
         self.lifted = [name for name, _ in lifted_attributes(gm)]
         self.variants: dict[tuple, Callable[[list], Any]] = {}
+        # with symbolic sizes in the captured graph, each variant is traced once for every
+        # size (`symbolic.py`), falling back to a trace per size (`size_variants.py`)
+        self.symbolic = symbolic and is_symbolic_graph(gm)
+        # the capture's guards end here: what any trace adds later is checked per call
+        self.shape_env = _compat.shape_env_of(_fake_args(gm)) if self.symbolic else None
+        self.capture_guards = _compat.guard_count(self.shape_env) if self.symbolic else 0
         self.variant_for(self._full_args(list(example_inputs)))  # compile errors surface now
 
     def __call__(self, *args: Any) -> Any:
@@ -106,6 +121,14 @@ class CompiledGraph:
             variant = self.variants[key] = self._compile(args, training)
         return variant
 
+    def traced_variants(self) -> list[Any]:
+        """Every variant made so far, those behind a symbolic variant and per-size ones
+        included: TrainingVariant, InferenceVariant or EagerVariant objects."""
+        found: list[Any] = []
+        for variant in self.variants.values():
+            found.extend(unwrap_variants(variant))
+        return found
+
     def compiled_inference(self) -> tuple[Any, Epilogue] | None:
         """What the inference compiler returned and the epilogue that finishes its outputs, when
         the inference variant was compiled, reads no module attributes and writes no input (so
@@ -119,6 +142,46 @@ class CompiledGraph:
         return variant.fn, variant.epilogue
 
     def _compile(self, args: list, training: bool) -> Callable[[list], Any]:
+        if not self.symbolic:
+            return self._compile_static(args, training)
+        per_size = PerSizeVariants(functools.partial(self._compile_static, training=training),
+                                   self._symbolic_positions(),
+                                   EagerVariant(self.gm, len(args) - len(self.lifted)))
+        symbolic = self._compile_symbolic(args, training)
+        if symbolic is None:
+            return per_size
+        variant, conditions = symbolic
+        return SymbolicVariant(variant, conditions, per_size)
+
+    def _symbolic_positions(self) -> list[int]:
+        placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
+        return [i for i, n in enumerate(placeholders) if is_symbolic_value(n.meta.get("val"))]
+
+    def _compile_symbolic(self, args: list, training: bool
+                          ) -> tuple[Variant, SizeConditions | None] | None:
+        """The variant traced with symbolic sizes and the facts the traces added to the
+        capture's ShapeEnv (None: none); None when the symbolic trace fails (then: per size).
+        The facts of every trace since capture count, not only this one's: the ShapeEnv knows
+        them, so this trace may have relied on them without recording them again."""
+        began = time.perf_counter()
+        user_args = args[:len(args) - len(self.lifted)]
+        try:
+            trace = trace_joint if training else trace_inference
+            variant = self._variant(trace(self.gm, user_args, symbolic=True))
+            if isinstance(variant, TrainingVariant):
+                variant.compile_backward()  # what its compiler assumes is checked per call too
+            facts = _compat.guards_since(self.shape_env, self.capture_guards)
+            conditions = SizeConditions(facts, variant.joint.size_symbols) if facts else None
+        except Exception as err:  # noqa: BLE001 - the per-size traces give eager's answer
+            log.debug("the symbolic autograd trace failed (%s: %s); tracing per size instead",
+                      type(err).__name__, err)
+            return None
+        log.debug("compiled %s variant with symbolic sizes in %.3f s%s",
+                  "training" if training else "inference", time.perf_counter() - began,
+                  f"; it holds where {conditions}" if conditions is not None else "")
+        return variant, conditions
+
+    def _compile_static(self, args: list, training: bool) -> Callable[[list], Any]:
         start = time.perf_counter()
         user_args = args[:len(args) - len(self.lifted)]
         try:
@@ -134,13 +197,17 @@ class CompiledGraph:
                 raise
             log.debug("the graph writes into a leaf that requires grad; eager raises: %s", err)
             return EagerVariant(self.gm, len(user_args))  # raises eager's own error
-        for joint_pass in self.compilers.joint_passes:
-            joint = joint_pass(joint)
-        variant = (TrainingVariant(joint, self.compilers, self.gm) if joint.training
-                   else InferenceVariant(joint, self.compilers, self.gm))
+        variant = self._variant(joint)
         log.debug("compiled %s variant in %.3f s", "training" if joint.training else "inference",
                   time.perf_counter() - start)
         return variant
+
+    def _variant(self, joint: JointGraph) -> Variant:
+        for joint_pass in self.compilers.joint_passes:
+            joint = joint_pass(joint)
+        if joint.training:
+            return TrainingVariant(joint, self.compilers, self.gm)
+        return InferenceVariant(joint, self.compilers, self.gm)
 
 
 def _fetch(root: torch.nn.Module, dotted: str) -> Any:
@@ -248,6 +315,10 @@ class TrainingVariant(Variant):
         self.backward_errors = [(k, info.backward_error) for k, info in enumerate(slots)
                                 if info.backward_error]
         self.grad_tangents = _tangents_per_output(self.partition.bw_gm, joint.num_tangents)
+        # symbolic sizes: the tangents' layouts for the sizes of each call
+        self.tangent_layouts = SizeFunction(
+            [(spec.shape, spec.stride, spec.storage_offset) for spec in joint.tangent_specs],
+            joint.size_symbols) if joint.symbolic else None
 
     def __call__(self, args: list) -> Any:
         full = self.prepare(args)
@@ -264,6 +335,7 @@ class TrainingVariant(Variant):
         mutated = {id(args[i]) for i in self.joint.mutated_inputs}
         saved = tuple(s.clone() if isinstance(s, torch.Tensor) and id(s) in mutated else s
                       for s in saved)  # the epilogue overwrites mutated inputs
+        ctx.tangent_specs = self._tangent_specs(args)
         ctx.tensor_slots = [isinstance(s, torch.Tensor) for s in saved]
         ctx.others = [s for s in saved if not isinstance(s, torch.Tensor)]
         ctx.save_for_backward(*(s for s in saved if isinstance(s, torch.Tensor)))
@@ -282,6 +354,21 @@ class TrainingVariant(Variant):
             ctx.mark_non_differentiable(*frozen)
         return tuple(returned)
 
+    def compile_backward(self) -> Callable[..., Any]:
+        """The compiled backward graph, compiled on first use."""
+        if self.bw is None:
+            bw_gm = self.partition.bw_gm
+            _log_graph("backward", bw_gm)
+            self.bw = self.compilers.bw_compiler(bw_gm, _fake_args(bw_gm))
+        return self.bw
+
+    def _tangent_specs(self, args: tuple) -> tuple[TensorSpec, ...]:
+        if self.tangent_layouts is None:
+            return self.joint.tangent_specs
+        return tuple(dataclasses.replace(spec, shape=shape, stride=stride, storage_offset=offset)
+                     for spec, (shape, stride, offset)
+                     in zip(self.joint.tangent_specs, self.tangent_layouts(args)))
+
     def backward(self, ctx: Any, grads: tuple) -> tuple:
         if torch.is_grad_enabled():
             raise DoubleBackwardError(
@@ -292,19 +379,16 @@ class TrainingVariant(Variant):
                 raise RuntimeError(message)
         grads = _view_gradients(grads, ctx.views)
         tangents = [_coerce(grads[slot], spec)
-                    for slot, spec in zip(self.tangent_slots, self.joint.tangent_specs)]
+                    for slot, spec in zip(self.tangent_slots, ctx.tangent_specs)]
         tensors, others = iter(ctx.saved_tensors), iter(ctx.others)
         saved = [next(tensors) if is_tensor else next(others) for is_tensor in ctx.tensor_slots]
-        if self.bw is None:
-            bw_gm = self.partition.bw_gm
-            _log_graph("backward", bw_gm)
-            self.bw = self.compilers.bw_compiler(bw_gm, _fake_args(bw_gm))
+        bw = self.compile_backward()
         reached = sum(1 << j for j, slot in enumerate(self.tangent_slots)
                       if grads[slot] is not None)
         # an input whose gradient reads only tangents no gradient reached gets None, as in
         # eager (autograd never reaches it), not zeros
         return tuple(None if needs and not needs & reached else grad
-                     for grad, needs in zip(self.bw(*saved, *tangents), self.grad_tangents))
+                     for grad, needs in zip(bw(*saved, *tangents), self.grad_tangents))
 
 
 def _make_function(variant: TrainingVariant) -> type:

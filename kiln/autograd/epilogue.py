@@ -4,7 +4,8 @@ A compiled forward or inference graph returns `(*new values of mutated inputs, *
 outputs)`. The epilogue writes the new values back into the inputs, then builds each flattened
 output of the captured graph (computed, an input itself, a view of an input regenerated from
 the real input, a repeat of an earlier output, or a Python constant) and restores the captured
-graph's output structure.
+graph's output structure. For a graph traced with symbolic sizes, the geometry of views of
+inputs and returned sizes (`x.shape[0] * 3`) are evaluated for each call's sizes.
 
 It is the only code that does this: `CompiledGraph`'s variants call it after their compiled
 graph, and the kiln backend's warm start stores an `Epilogue` as plain data
@@ -15,12 +16,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
 from kiln.autograd import _compat
 from kiln.autograd.joint import JointGraph, OutputInfo
+from kiln.autograd.symbolic import SizeFunction, is_symbolic_value
 
 __all__ = ["OUTPUT_KINDS", "Epilogue", "OutputRule", "WriteBack"]
 
@@ -65,13 +67,22 @@ class Epilogue:
     outputs: tuple[OutputRule, ...]
     output_spec: Any
     write_backs: tuple[WriteBack, ...] = ()
+    # symbolic sizes: args -> per rule, (view, value) for the call's sizes (None: as traced)
+    sized: Callable[[Sequence[Any]], tuple] | None = dataclasses.field(default=None,
+                                                                      compare=False)
 
     @classmethod
     def of(cls, joint: JointGraph) -> Epilogue:
         write_backs = tuple(WriteBack(i, info.requires_grad)
                             for i, info in zip(joint.mutated_inputs, joint.input_mutations))
-        return cls(tuple(OutputRule.of(info) for info in joint.outputs), joint.output_spec,
-                   write_backs)
+        rules = tuple(OutputRule.of(info) for info in joint.outputs)
+        sized = None
+        if joint.symbolic and any(is_symbolic_value(rule.value) or rule.kind == "input_view"
+                                  for rule in rules):
+            # views of inputs and returned sizes (`x.shape[0] * 3`) follow each call's sizes
+            sized = SizeFunction(tuple((rule.view, rule.value) for rule in rules),
+                                 joint.size_symbols)
+        return cls(rules, joint.output_spec, write_backs, sized)
 
     @classmethod
     def from_structure(cls, outputs: Sequence[OutputRule], structure: Any) -> Epilogue:
@@ -99,7 +110,10 @@ class Epilogue:
         self._write_back(args, outs)
         flat: list[Any] = []
         position = len(self.write_backs)
-        for rule in self.outputs:
+        sized = self.sized(args) if self.sized is not None else None
+        for k, rule in enumerate(self.outputs):
+            if sized is not None:
+                rule = dataclasses.replace(rule, view=sized[k][0], value=sized[k][1])
             flat.append(_output_value(rule, args, outs, position, flat))
             if rule.kind != "constant":
                 position += 1

@@ -15,6 +15,7 @@ traces such groups through a synthetic base, so this is a safety net.
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -24,6 +25,7 @@ from kiln.autograd import _compat
 from kiln.autograd.rng import eager_rng, is_random
 from kiln.autograd.mutation import mutated_arg_positions
 from kiln.autograd.joint import AutogradUnsupported, JointGraph, OutputInfo, RawTrace
+from kiln.autograd.symbolic import SizeSymbols
 from kiln.autograd.tracer import PROVENANCE_KEYS, ATenTracer
 from kiln.errors import InternalError
 
@@ -52,7 +54,10 @@ def functionalize_raw(raw: RawTrace, decompositions: dict) -> JointGraph:
         return _ReplayRaw(raw.gm, tracer, attrs).run(*args[:n])
 
     functional = torch.func.functionalize(replay, remove="mutations")
-    with fake_mode, tracer, torch.no_grad():
+    # symbolic sizes: torch's Python kernels, as in stage 1 (some C++ composite kernels of
+    # functionalization want concrete sizes)
+    dispatcher = _compat.python_dispatcher() if raw.symbolic else contextlib.nullcontext()
+    with fake_mode, tracer, torch.no_grad(), dispatcher:
         outs = functional(*primals, *tangents, *constants.values())
     num_outs = sum(1 for info in raw.outputs if info.kind != "constant")
     num_returned = len(raw.returned_inputs)
@@ -79,7 +84,8 @@ def functionalize_raw(raw: RawTrace, decompositions: dict) -> JointGraph:
         tangent_specs=raw.tangent_specs, output_spec=raw.output_spec,
         input_sources=raw.input_sources, lifted_attrs=raw.lifted_attrs,
         static_input_indices=tuple(i for i in raw.static_inputs if i not in updates.values),
-        synthetic_bases=raw.synthetic_bases)
+        synthetic_bases=raw.synthetic_bases,
+        size_symbols=SizeSymbols(primals) if raw.symbolic else None)
 
 
 class _InputUpdates:
@@ -95,7 +101,7 @@ class _InputUpdates:
         i = self.index.get(id(dst))
         if i is None:
             return False
-        if src.dtype != dst.dtype or src.shape != dst.shape:
+        if src.dtype != dst.dtype or not _same_shape(src.shape, dst.shape):
             with self.tracer:
                 src = src.to(dst.dtype).expand(dst.shape)
         self.values[i] = self.tracer.to_nodes(src)
@@ -127,8 +133,14 @@ class _ReplayRaw(torch.fx.Interpreter):
 
 
 def _same_size(tensor: torch.Tensor, size: Any) -> bool:
-    return len(size) == tensor.dim() and all(want in (-1, have)
-                                             for want, have in zip(size, tensor.shape))
+    return len(size) == tensor.dim() and all(
+        _compat.known_equal(want, -1) or _compat.known_equal(want, have)
+        for want, have in zip(size, tensor.shape))
+
+
+def _same_shape(a: Any, b: Any) -> bool:
+    """Equal shapes for every size (symbolic sizes compared without recording a guard)."""
+    return len(a) == len(b) and all(_compat.known_equal(x, y) for x, y in zip(a, b))
 
 
 def _refuse_aliased_mutations(updates: dict[int, Any], primals: list, bases: tuple) -> None:

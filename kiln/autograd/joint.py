@@ -88,7 +88,9 @@ class JointGraph:
     synthetic_bases: extra primals after the lifted attributes, one per group of inputs that
     share a storage and of which one is written (`mutation.SyntheticBase`); the graph reads
     the members through their base only, and the runtime passes each base (built from the
-    call's members) after the other inputs."""
+    call's members) after the other inputs.
+    size_symbols: for a graph traced with symbolic sizes (`symbolic.py`), where each symbol of
+    its `meta["val"]`s, tensor specs and views lives in a call's primals; None when static."""
 
     gm: torch.fx.GraphModule
     num_fw_outputs: int
@@ -105,6 +107,11 @@ class JointGraph:
     lifted_attrs: tuple[str, ...] = ()
     static_input_indices: tuple[int, ...] = ()
     synthetic_bases: tuple[SyntheticBase, ...] = ()
+    size_symbols: Any = None  # a symbolic.SizeSymbols (symbolic imports this module)
+
+    @property
+    def symbolic(self) -> bool:
+        return self.size_symbols is not None
 
     @property
     def num_user_outputs(self) -> int:
@@ -136,3 +143,4 @@ class RawTrace:
     mutations: dict[int, OutputInfo] = dataclasses.field(default_factory=dict)
     returned_inputs: tuple[int, ...] = ()
     synthetic_bases: tuple[SyntheticBase, ...] = ()
+    symbolic: bool = False  # traced with symbolic sizes (see JointGraph.size_symbols)

@@ -148,7 +148,8 @@ class StandIns:
     def same_layout(self, i: int) -> bool:
         """The stand-in has the input's sizes and strides (a clone of a dense input does)."""
         t, p = self.tensors[i], self.primals[i]
-        return t.shape == p.shape and t.stride() == p.stride()
+        return all(_compat.known_equal(a, b) for a, b in
+                   ((t.dim(), p.dim()), *zip(t.shape, p.shape), *zip(t.stride(), p.stride())))
 
     def input_offset(self, i: int, offset: int) -> int:
         """A storage offset in the stand-in's storage, as an offset in the input's."""

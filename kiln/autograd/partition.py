@@ -11,8 +11,9 @@ Output: `PartitionResult`: `fw_gm(*primals) -> (*forward_outputs, *saved)` and
 
 Policies:
     default   eager-like: the forward computes what its outputs need and saves every such value
-              the backward reads; the rest of the backward's forward-phase inputs (views and
-              transposes of weights, constants) is computed in the backward.
+              the backward reads, and the symbolic sizes the backward reads as ints; the rest
+              of the backward's forward-phase inputs (views and transposes of weights,
+              constants) is computed in the backward.
     min_cut   save the fewest bytes: a minimum s-t cut (own Dinic solver, `maxflow.py`) over the
               forward nodes, each split in/out with capacity = its size. Pointwise, view and
               creation ops, non-shrinking reductions and the row-wise fused ops torch keeps
@@ -23,6 +24,8 @@ Policies:
               save (those in `static_input_indices` when the joint gives it). Views are never
               saved (their bases are), nor tuples (their getitems are). Ties in bytes go to
               values nearer the backward (Inductor's 1.1^distance weight, as a tie-break only).
+              Symbolic sizes (`sym_size.int` and arithmetic on it) cost 8 bytes to save and may
+              be recomputed from a saved tensor's size.
               Unlike Inductor, it does not keep a value because a backward matmul will
               materialize it anyway: it trades that recompute for memory.
 
@@ -45,6 +48,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from kiln.autograd._compat import size_hint
 from kiln.autograd.maxflow import FlowNetwork
 from kiln.autograd.saved_report import SavedValue, format_saved_report
 from kiln.errors import InternalError, InvalidArgument
@@ -107,15 +111,16 @@ def _is_random(target: Any) -> bool:
 def _value_bytes(val: Any) -> int | None:
     """Bytes to keep `val` alive; None for values that are never saved whole (tuples, None)."""
     if isinstance(val, torch.Tensor):
-        return int(val.numel()) * val.element_size()
+        return _numel(val) * val.element_size()
     if isinstance(val, (bool, int, float, torch.SymInt, torch.SymFloat, torch.SymBool)):
         return 8
     return None
 
 
 def _numel(val: Any) -> int:
+    """Elements of a tensor (the example's count for symbolic sizes: no guard is recorded)."""
     if isinstance(val, torch.Tensor):
-        return int(val.numel())
+        return size_hint(val.numel())
     if isinstance(val, (tuple, list)):
         return max((_numel(v) for v in val), default=0)
     return 0
@@ -125,6 +130,11 @@ def _shrinks(node: fx.Node) -> bool:
     inputs = [a.meta.get("val") for a in node.all_input_nodes]
     biggest_in = max((_numel(v) for v in inputs), default=0)
     return _numel(node.meta.get("val")) * _SHRINK_FACTOR < biggest_in
+
+
+def _is_size(node: fx.Node) -> bool:
+    """A symbolic number computed in the graph (`sym_size.int`, `operator.mul` of sizes)."""
+    return isinstance(node.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool))
 
 
 def recompute_ban(node: fx.Node) -> str | None:
@@ -137,6 +147,8 @@ def recompute_ban(node: fx.Node) -> str | None:
     target = node.target
     if target is operator.getitem and isinstance(node.args[0], fx.Node):
         return recompute_ban(node.args[0])
+    if _is_size(node):
+        return None  # a size read off a tensor, or arithmetic on sizes: free to recompute
     name = _op_name(target)
     if _is_random(target):
         return "random"
@@ -288,6 +300,9 @@ def _default_available(info: _Joint) -> Callable[[fx.Node], bool]:
     parts = {u for n in fw if isinstance(n.meta.get("val"), (tuple, list))
              for u in n.users if u.target is operator.getitem}
     fw |= parts  # the parts of a tuple live where the tuple is computed
+    for n in info.nodes:  # sizes of forward values: saved as ints, not recomputed from tensors
+        if n not in info.backward and _is_size(n) and all(a in fw for a in n.all_input_nodes):
+            fw.add(n)
     return lambda n: n in fw
 
 
@@ -440,7 +455,7 @@ def _saved_value(info: _Joint, n: fx.Node, policy: str) -> SavedValue:
     else:
         reason = recompute_ban(n) or policy.replace("_", "-")
     if isinstance(val, torch.Tensor):
-        shape: tuple[int, ...] | None = tuple(int(s) for s in val.shape)
+        shape: tuple[int, ...] | None = tuple(size_hint(s) for s in val.shape)
         dtype = str(val.dtype).removeprefix("torch.")
     else:
         shape, dtype = None, type(val).__name__

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from kiln import records
 from kiln._util import is_hashable
 
 from kiln.autograd import _compat
@@ -26,30 +27,43 @@ from kiln.autograd.decompositions import FUNCTION_FIXES, decomposition_table
 from kiln.autograd.functionalize import functionalize_raw
 from kiln.autograd.joint import AutogradUnsupported, JointGraph, OutputInfo, RawTrace, TensorSpec
 from kiln.autograd.mutation import MutationWatch, StandIns, SyntheticBase, alias_groups
+from kiln.autograd.symbolic import SymbolicUnsupported, is_symbolic_graph, is_symbolic_value
 from kiln.autograd.tracer import PROVENANCE_KEYS, ATenTracer
 
 __all__ = ["lifted_attributes", "trace_inference", "trace_joint", "trace_raw"]
 
 
 def trace_joint(gm: torch.fx.GraphModule, example_inputs: list, *,
-                decompositions: dict | None = None) -> JointGraph:
+                decompositions: dict | None = None, symbolic: bool = False) -> JointGraph:
     """The functional joint forward+backward graph of `gm` for inputs like `example_inputs`
     (gradients for the inputs that require grad). Returns an inference graph (training=False)
-    when no output needs a gradient."""
-    return _trace(gm, example_inputs, training=True, decompositions=decompositions)
+    when no output needs a gradient. `symbolic`: inputs whose placeholder has symbolic sizes
+    are traced with them (`symbolic.py`), so the graphs serve every size; else with the
+    examples' sizes."""
+    return _trace(gm, example_inputs, training=True, decompositions=decompositions,
+                  symbolic=symbolic)
 
 
 def trace_inference(gm: torch.fx.GraphModule, example_inputs: list, *,
-                    decompositions: dict | None = None) -> JointGraph:
-    """The functional forward-only ATen graph of `gm` (no autograd in the trace)."""
-    return _trace(gm, example_inputs, training=False, decompositions=decompositions)
+                    decompositions: dict | None = None, symbolic: bool = False) -> JointGraph:
+    """The functional forward-only ATen graph of `gm` (no autograd in the trace); `symbolic`
+    as for `trace_joint`."""
+    return _trace(gm, example_inputs, training=False, decompositions=decompositions,
+                  symbolic=symbolic)
 
 
 def _trace(gm: torch.fx.GraphModule, example_inputs: list, *, training: bool,
-           decompositions: dict | None) -> JointGraph:
-    raw = trace_raw(gm, example_inputs, training=training)
+           decompositions: dict | None, symbolic: bool) -> JointGraph:
+    symbolic = symbolic and is_symbolic_graph(gm)
+    records.emit("autograd_traces", records.AutogradTraceRecord(
+        training, symbolic, tuple(_shape_of(x) for x in example_inputs)))
+    raw = trace_raw(gm, example_inputs, training=training, symbolic=symbolic)
     table = decomposition_table() if decompositions is None else decompositions
     return functionalize_raw(raw, table)
+
+
+def _shape_of(value: Any) -> tuple[int, ...] | None:
+    return tuple(value.shape) if isinstance(value, torch.Tensor) else None
 
 
 def lifted_attributes(gm: torch.fx.GraphModule) -> list[tuple[str, torch.Tensor]]:
@@ -63,11 +77,14 @@ def lifted_attributes(gm: torch.fx.GraphModule) -> list[tuple[str, torch.Tensor]
 
 
 def trace_raw(gm: torch.fx.GraphModule, example_inputs: list, *, training: bool,
-              probe: bool = False, groups: tuple[tuple[int, ...], ...] = ()) -> RawTrace:
+              probe: bool = False, groups: tuple[tuple[int, ...], ...] = (),
+              symbolic: bool = False) -> RawTrace:
     """Stage 1: replay `gm` on fake copies of the inputs under the tracer and, for training, call
     autograd.grad inside the trace. Traced again, with `groups`, when inputs that share a
     storage are written (`mutation.SyntheticBase`); with `probe`, when the backward reads a
-    tensor the program overwrote after autograd saved it (`backward.backward_errors`)."""
+    tensor the program overwrote after autograd saved it (`backward.backward_errors`).
+    `symbolic`: the fakes of inputs whose placeholder has symbolic sizes take those sizes, in a
+    fake mode sharing the capture's ShapeEnv."""
     lifted = lifted_attributes(gm)
     reals = [*example_inputs, *(value for _, value in lifted)]
     if any(not isinstance(real, torch.Tensor) for real in reals):
@@ -75,10 +92,13 @@ def trace_raw(gm: torch.fx.GraphModule, example_inputs: list, *, training: bool,
         raise AutogradUnsupported(f"graph inputs that are not tensors ({', '.join(kinds)})",
                                   hint="the graph runs eagerly instead")
     bases = tuple(SyntheticBase.of(len(reals) + k, group, reals) for k, group in enumerate(groups))
-    fake_mode = _compat.new_fake_mode(allow_non_fake_inputs=True)
+    examples = _symbolic_examples(gm) if symbolic else []
+    fake_mode = (_compat.fake_mode_sharing(_compat.shape_env_of(examples)) if symbolic
+                 else _compat.new_fake_mode(allow_non_fake_inputs=True))
     tracer = ATenTracer(fake_mode)
     traced = [*reals, *(base.build(reals) for base in bases)]
-    primals = [_fake_input(fake_mode, real, training) for real in traced]
+    primals = [_fake_input(fake_mode, real, training, examples[i] if i < len(examples) else None)
+               for i, real in enumerate(traced)]
     requires_grad = [p.requires_grad for p in primals]
     nodes = [tracer.placeholder(f"primals_{i}", p) for i, p in enumerate(primals)]
     stand_ins = StandIns(primals, traced, bases)
@@ -102,9 +122,13 @@ def trace_raw(gm: torch.fx.GraphModule, example_inputs: list, *, training: bool,
             if training:
                 outputs = backward.run(flat, outputs, mutations, stand_ins)
     except _AliasedWrites as found:
+        if symbolic:
+            raise SymbolicUnsupported("written inputs that share memory with other inputs",
+                                      hint="the graph is compiled per size instead") from None
         return trace_raw(gm, example_inputs, training=training, probe=probe, groups=found.groups)
     except SavedTensorModified:
-        return trace_raw(gm, example_inputs, training=training, probe=True, groups=groups)
+        return trace_raw(gm, example_inputs, training=training, probe=True, groups=groups,
+                         symbolic=symbolic)
     except Exception as err:
         if watch.refusals:
             raise AutogradUnsupported(watch.refusals[0], hint=_REFUSAL_HINT) from err
@@ -122,7 +146,7 @@ def trace_raw(gm: torch.fx.GraphModule, example_inputs: list, *, training: bool,
                     tuple(TensorSpec.of(t) for t in backward.tangents), watch.mutated, sources,
                     tuple(name for name, _ in lifted), _static_inputs(reals, sources, len(lifted)),
                     training=backward.needed, mutations=mutations, returned_inputs=returned,
-                    synthetic_bases=bases)
+                    synthetic_bases=bases, symbolic=symbolic)
 
 
 class _AliasedWrites(Exception):
@@ -146,11 +170,32 @@ _REFUSAL_HINT = ("the graph runs eagerly instead; move the mutation out of the c
                  "or onto a tensor that does not require grad")
 
 
-def _fake_input(fake_mode: Any, real: torch.Tensor, training: bool) -> torch.Tensor:
-    fake = fake_mode.from_tensor(real.detach(), static_shapes=True)  # detach: a fresh leaf
+def _fake_input(fake_mode: Any, real: torch.Tensor, training: bool,
+                example: Any = None) -> torch.Tensor:
+    """The primal for `real`: a fake with its sizes, or with the symbolic sizes of `example`
+    (its placeholder's fake value in a symbolic capture)."""
+    if is_symbolic_value(example):
+        fake = _symbolic_fake(fake_mode, example)
+    else:
+        fake = fake_mode.from_tensor(real.detach(), static_shapes=True)  # detach: a fresh leaf
     if training and real.requires_grad:
         fake.requires_grad_(True)
     return fake
+
+
+def _symbolic_examples(gm: torch.fx.GraphModule) -> list:
+    return [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+
+
+def _symbolic_fake(fake_mode: Any, example: torch.Tensor) -> torch.Tensor:
+    """A fresh fake with `example`'s symbolic sizes and strides (a storage of its own: inputs
+    that share memory are not traced symbolically)."""
+    if not _compat.known_equal(example.storage_offset(), 0):
+        raise SymbolicUnsupported("an input that starts inside its storage",
+                                  hint="the graph is compiled per size instead")
+    with fake_mode:
+        return torch.empty_strided(example.shape, example.stride(), dtype=example.dtype,
+                                   device=example.device)
 
 
 def _attr_map(lifted: list[tuple[str, torch.Tensor]], fakes: list) -> dict[str, torch.Tensor]:

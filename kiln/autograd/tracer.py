@@ -19,6 +19,7 @@ import torch.fx
 from kiln.autograd import _compat
 from kiln.autograd.decompositions import keeps
 from kiln.autograd.mutation import mutated_arg_positions
+from kiln.autograd.symbolic import SizeNodes
 
 __all__ = ["ATenTracer", "PROVENANCE_KEYS"]
 
@@ -43,7 +44,9 @@ class ATenTracer(_compat.TorchDispatchMode):
     an op that returns its mutated argument (in-place, out=) rebinds it to the op's node. Ops the
     policy keeps are recorded whole; otherwise `decompositions` maps
     ops to Python decompositions, applied by re-entering the tracer; CompositeImplicitAutograd ops
-    are expanded the same way. `provenance` is copied onto every new node."""
+    are expanded the same way. `provenance` is copied onto every new node. A symbolic number an
+    op takes (a size of a graph traced with symbolic sizes) becomes nodes that compute it from
+    the placeholders' sizes (`symbolic.SizeNodes`)."""
 
     def __init__(self, fake_mode: Any, decompositions: dict | None = None) -> None:
         super().__init__()
@@ -60,6 +63,7 @@ class ATenTracer(_compat.TorchDispatchMode):
         self._alive: list[Any] = []
         self._expansions: dict[Any, Callable | None] = {}
         self._kept: set[Any] = set()
+        self.sizes = SizeNodes(self.graph)
 
     # -- tensors and nodes ---------------------------------------------------------------------
     def bind(self, tensor: torch.Tensor, node: torch.fx.Node) -> None:
@@ -75,6 +79,7 @@ class ATenTracer(_compat.TorchDispatchMode):
                 node = self.graph.placeholder(name)
         node.meta["val"] = value
         self.bind(value, node)
+        self.sizes.note_placeholder(node, value)
         return node
 
     def constant(self, real: torch.Tensor, fake: torch.Tensor | None = None) -> torch.Tensor:
@@ -105,6 +110,8 @@ class ATenTracer(_compat.TorchDispatchMode):
     def to_nodes(self, value: Any) -> Any:
         if isinstance(value, torch.Tensor):
             return self._arg_node(value)
+        if _compat.is_symbolic(value):
+            return self.sizes.node_for(value)
         if isinstance(value, (list, tuple)):
             return type(value)(self.to_nodes(v) for v in value)
         if isinstance(value, dict):  # keyword arguments (SDPA's attn_mask=): inputs, not constants

@@ -70,7 +70,7 @@ class RecordingAOT:
         return compiled
 
     def variants(self) -> list[Any]:
-        return [v for c in self.compiled for v in c.variants.values()]
+        return [v for c in self.compiled for v in c.traced_variants()]
 
     def assert_compiled(self, *, training: bool | None = None) -> None:
         """At least one graph went through the stage, none fell back to eager; with `training`,

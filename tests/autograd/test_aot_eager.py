@@ -136,7 +136,7 @@ def test_seed_block_trains_like_eager_through_backend_name(monkeypatch, train_ch
     made = []
     real = aot_eager_module.aot_compile
     monkeypatch.setattr(aot_eager_module, "aot_compile",
-                        lambda gm, inputs: made.append(real(gm, inputs)) or made[-1])
+                        lambda gm, inputs, **kw: made.append(real(gm, inputs, **kw)) or made[-1])
     d_model, nhead, shape = seed_sizes("cpu")
     train_check(TransformerBlock(d_model, nhead), lambda: (torch.randn(*shape),), steps=3,
                 backend="aot_eager")

@@ -1,0 +1,81 @@
+"""size_variants: how a `CompiledGraph` over a graph with symbolic sizes picks what runs a call.
+
+- `SymbolicVariant`: the variant traced once with symbolic sizes (`symbolic.py`); it serves
+  every call whose sizes keep the facts its trace added to the ShapeEnv after capture
+  (`SizeConditions`, usually none).
+- `PerSizeVariants`: the fallback, one variant traced for the sizes of a call, keyed by the
+  shapes of the inputs with symbolic sizes (capture's guards fix strides as functions of sizes).
+  It serves the calls a `SymbolicVariant`'s conditions reject, and every call of a variant
+  whose symbolic trace failed (the reason is logged at debug level). Beyond `MAX_SIZES` sizes,
+  calls run the captured graph as torch ops, with a warning: eager's answer, never a wrong one.
+
+Never: runs a symbolic variant for sizes its conditions reject.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Sequence
+
+from kiln.autograd.symbolic import SizeConditions
+from kiln.logs import warn_once
+
+__all__ = ["MAX_SIZES", "PerSizeVariants", "SymbolicVariant", "unwrap_variants"]
+
+log = logging.getLogger("kiln.autograd")
+
+MAX_SIZES = 64  # variants traced per size for one graph; beyond, calls run it eagerly
+
+Variant = Callable[[list], Any]
+
+
+class PerSizeVariants:
+    """`compile_for(args)` once per set of sizes of the inputs at `positions`; `eager` for
+    sizes beyond MAX_SIZES."""
+
+    def __init__(self, compile_for: Callable[[list], Variant], positions: Sequence[int],
+                 eager: Variant) -> None:
+        self.compile_for = compile_for
+        self.positions = tuple(positions)
+        self.eager = eager
+        self.variants: dict[tuple, Variant] = {}
+
+    def __call__(self, args: list) -> Any:
+        key = tuple(tuple(args[i].shape) for i in self.positions)
+        variant = self.variants.get(key)
+        if variant is None:
+            variant = self.variants[key] = self._compile(key, args)
+        return variant(args)
+
+    def _compile(self, key: tuple, args: list) -> Variant:
+        if len(self.variants) >= MAX_SIZES:
+            warn_once(("autograd-per-size-limit", id(self)),
+                      f"kiln: a graph with symbolic sizes was traced for {MAX_SIZES} sizes; "
+                      "new sizes run it as torch ops (eager)", log)
+            return self.eager
+        log.debug("tracing a graph with symbolic sizes for sizes %s", key)
+        return self.compile_for(args)
+
+
+class SymbolicVariant:
+    """`variant` (traced with symbolic sizes) for calls whose sizes keep `conditions` (None:
+    every call), `fallback` for the others."""
+
+    def __init__(self, variant: Variant, conditions: SizeConditions | None,
+                 fallback: PerSizeVariants) -> None:
+        self.variant = variant
+        self.conditions = conditions
+        self.fallback = fallback
+
+    def __call__(self, args: list) -> Any:
+        if self.conditions is None or self.conditions.holds(args):
+            return self.variant(args)
+        return self.fallback(args)
+
+
+def unwrap_variants(variant: Any) -> list[Any]:
+    """The variants behind `variant`: itself, or those a SymbolicVariant / PerSizeVariants holds."""
+    if isinstance(variant, SymbolicVariant):
+        return [variant.variant, *unwrap_variants(variant.fallback)]
+    if isinstance(variant, PerSizeVariants):
+        return list(variant.variants.values())
+    return [variant]
