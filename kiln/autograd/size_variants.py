@@ -7,7 +7,8 @@
   shapes of the inputs with symbolic sizes (capture's guards fix strides as functions of sizes).
   It serves the calls a `SymbolicVariant`'s conditions reject, and every call of a variant
   whose symbolic trace failed (the reason is logged at debug level). Beyond `MAX_SIZES` sizes,
-  calls run the captured graph as torch ops, with a warning: eager's answer, never a wrong one.
+  and for sizes whose compile fails, calls run the captured graph as torch ops, with a warning:
+  eager's answer, never a wrong one.
 
 Never: runs a symbolic variant for sizes its conditions reject.
 """
@@ -53,7 +54,15 @@ class PerSizeVariants:
                       "new sizes run it as torch ops (eager)", log)
             return self.eager
         log.debug("tracing a graph with symbolic sizes for sizes %s", key)
-        return self.compile_for(args)
+        try:
+            return self.compile_for(args)
+        except Exception as err:  # noqa: BLE001 - eager's answer beats a failed call
+            # this compile runs inside a user's call, where capture's fallback cannot reach
+            warn_once(("autograd-per-size-failed", id(self), type(err).__name__),
+                      f"kiln: compiling a graph with symbolic sizes for sizes {key} failed "
+                      f"({type(err).__name__}: {err}); such calls run it as torch ops (eager)",
+                      log)
+            return self.eager
 
 
 class SymbolicVariant:

@@ -111,8 +111,9 @@ def guard_storage_offsets(compiled: Callable[..., Any], gm: torch.fx.GraphModule
 def compile_captured(gm: torch.fx.GraphModule, example_inputs: list,
                      options: CompileOptions, symbolic: bool = False) -> Callable[..., Any]:
     """The full pipeline, with the warm-start lookup in front on the inference path.
-    `symbolic`: every graph the autograd stage makes must have symbolic sizes and compile
-    into kernels with sizes as arguments, else `SymbolicShapeError` (no warm start)."""
+    `symbolic`: the autograd stage traces the graph once with symbolic sizes and its graphs
+    compile into kernels with sizes as arguments; what cannot, it traces and compiles per size
+    (no warm start)."""
     from kiln.backends import warm_start
 
     if symbolic:
@@ -138,11 +139,11 @@ def _cold(gm: torch.fx.GraphModule, example_inputs: list, options: CompileOption
             from kiln.runtime import compile_graph
 
             trace_s = time.perf_counter() - start[0] if kind != "backward" else 0.0
-            if symbolic:
-                require_symbolic(graph, kind)
             artifact = compile_graph(graph, fake_inputs, options=options, name=kind,
                                      trace_s=trace_s)
-            if symbolic and not artifact.graph.symbolic:
+            if is_symbolic_graph(graph) and not artifact.graph.symbolic:
+                # kernels right for one size only: the autograd stage then traces this
+                # variant per size (static graphs, compiled as such)
                 raise SymbolicShapeError(f"the {kind} graph compiled with static sizes")
             return artifact
 
@@ -153,7 +154,8 @@ def _cold(gm: torch.fx.GraphModule, example_inputs: list, options: CompileOption
     rewrite = _JointRewrite()
     joint_passes = JOINT_PASSES.bind(joint_attention=rewrite)
     try:
-        return aot_compile(gm, example_inputs, joint_passes=(joint_passes.run,), **compilers)
+        return aot_compile(gm, example_inputs, joint_passes=(joint_passes.run,),
+                           symbolic=symbolic, **compilers)
     except Exception as err:
         what = rewrite.blame(err)
         if what is None:  # the rewrite raised nothing and changed nothing: not the cause
@@ -161,7 +163,7 @@ def _cold(gm: torch.fx.GraphModule, example_inputs: list, options: CompileOption
         # never lose the whole graph to the attention rewrite; a second failure raises as itself
         log.warning("kiln backend: %s (%s: %s); compiling without it (the joint-graph "
                     "attention rewrite)", what, type(err).__name__, err)
-        return aot_compile(gm, example_inputs, **compilers)
+        return aot_compile(gm, example_inputs, symbolic=symbolic, **compilers)
 
 
 class _JointRewrite:
@@ -198,14 +200,6 @@ def rewrite_joint_attention(joint: Any) -> int:
     from kiln.lower.attention import rewrite_attention
 
     return rewrite_attention(joint.gm)
-
-
-def require_symbolic(graph: torch.fx.GraphModule, kind: str) -> None:
-    """A graph from the autograd stage that lost the capture's symbolic sizes (specialized
-    to the example) would compile kernels right for one size only."""
-    if not is_symbolic_graph(graph):
-        raise SymbolicShapeError(f"the autograd stage made the {kind} graph with static sizes "
-                                 "from a graph with symbolic sizes")
 
 
 def _rewrite_joint(joint: Any) -> Any:

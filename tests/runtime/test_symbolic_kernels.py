@@ -195,3 +195,41 @@ def test_kiln_backend_with_symbolic_kernels_answers_like_eager(device):
         x = torch.randn(batch, 8, device=device)
         torch.testing.assert_close(compiled(x, *params), _mlp(x, *params), rtol=1e-4,
                                    atol=1e-4)
+
+
+class _MLP(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(12, 24), torch.nn.Linear(24, 5)
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(x))).softmax(-1)
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["inference", "training"])
+def test_kiln_compile_end_to_end_compiles_kernels_for_two_sizes_only(device, kernel_compiles,
+                                                                     train):
+    """capture (automatic dynamic) -> autograd (stage B) -> kernels with size arguments
+    (stage C): the first batch compiles static kernels, the second the symbolic ones, and
+    every later batch launches those: no kernel is compiled after the second call."""
+    import copy
+
+    import kiln
+
+    model = _MLP().to(device).train(train)
+    twin = copy.deepcopy(model)
+    compiled = kiln.compile(twin, backend="kiln")
+    counts = []
+    for batch in (1, 2, 3, 5, 9, 16):
+        x = torch.randn(batch, 12, device=device)
+        with torch.set_grad_enabled(train):
+            got, want = compiled(x), model(x)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+            if train:
+                (got * torch.arange(5.0, device=device)).sum().backward()
+                (want * torch.arange(5.0, device=device)).sum().backward()
+        counts.append(len(kernel_compiles))
+    assert counts[1] > counts[0] > 0 and counts[-1] == counts[1], counts
+    for p, q in zip(twin.parameters(), model.parameters()):
+        if train:
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6)
