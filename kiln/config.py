@@ -78,9 +78,11 @@ _FIELDS: dict[str, _Field] = {
                                "the kiln backend compiles a graph with symbolic sizes once, "
                                "with sizes as kernel arguments (off: once per set of sizes, "
                                "kiln.backends.per_size)"),
-    # Graphs with grouped convolutions keep NCHW (MobileNetV3 2.2x and ConvNeXt 1.18x slower in
-    # NHWC on the H200); ResNet-50 inference went 5.1 -> 4.0 ms (benchmarks/RESULTS.md).
-    "channels_last": _Field(True, bool, "KILN_CHANNELS_LAST",
+    # Off by default: its ResNet-50 gain (5.1 -> 3.5 ms of kernels, 4.0 ms in a kiln-only run)
+    # did not show in a run beside eager and torch.compile (5.38 ms), and NHWC convolutions give
+    # float32 results off eager's by TF32 algorithm differences (benchmarks/RESULTS.md,
+    # 2026-12-02). When on, graphs with grouped convolutions keep NCHW.
+    "channels_last": _Field(False, bool, "KILN_CHANNELS_LAST",
                             "compute CUDA graphs with two or more convolutions, none grouped, in "
                             "NHWC memory order (kiln.lower.channels_last; inference graphs only)"),
 }

@@ -38,7 +38,7 @@ def test_defaults():
         "disabled_passes": "",
         "fp_fusion": False,
         "tile_pointwise": True,
-        "channels_last": True,
+        "channels_last": False,
         "symbolic_kernels": True,
     }
 

@@ -4,8 +4,9 @@ cuDNN's fast convolutions on tensor cores read and write NHWC. Given NCHW tensor
 graph kept in eager's layouts) pays for the conversion inside every convolution call, and every
 BatchNorm / activation / residual kernel between two convolutions works on NCHW. torch.compile
 switches conv graphs to channels-last (Inductor's layout optimization); so does this pass, on
-CUDA graphs before lowering, when `config.channels_last` is on (the default; `KILN_CHANNELS_LAST=0`
-turns it off) and no convolution of the graph is grouped. Grouped and depthwise convolutions
+CUDA graphs before lowering, when `config.channels_last` is on (`KILN_CHANNELS_LAST=1`; off by
+default until its gain is measured beside torch.compile in one run, benchmarks/RESULTS.md) and
+no convolution of the graph is grouped. Grouped and depthwise convolutions
 keep NCHW: on the H200 (bf16, batch 64) NHWC made MobileNetV3 8.1 ms (3.8 without) and
 ConvNeXt-T 5.4 ms (4.5), both built on depthwise convolutions, while ResNet-50's profile showed
 1.1 ms of its 5.1 ms (inference; 3.4 of 16.8 ms in training) in cuDNN's own NCHW<->NHWC

@@ -115,12 +115,17 @@ def _from_sympy(expr: Any, shape_env: Any) -> Expr:
         for a in args:
             total = total * a
         return total
+    if kind == "power":  # args: the base and the (positive integer) exponent
+        total = as_expr(1)
+        for _ in range(int(expr.args[1])):
+            total = total * args[0]
+        return total
     if kind == "floordiv":
         return args[0] // args[1]
     if kind == "mod":
         return args[0] % args[1]
-    raise SymbolicShapeError(f"symbolic size {expr} is not a sum, product, floor division or "
-                             "modulo of sizes")
+    raise SymbolicShapeError(f"symbolic size {expr} is not a sum, product, power, floor "
+                             "division or modulo of sizes")
 
 
 class SymMeta:

@@ -27,6 +27,10 @@ from kiln.autograd import trace as trace_module
 from kiln.autograd.symbolic import SymbolicUnsupported
 from kiln.tools.suite import model_registry
 
+# aot_eager graphs (no generated kernels): CPU tensors, also in the CUDA suite, whose default
+# device would otherwise put inputs on the GPU beside CPU weights
+pytestmark = pytest.mark.explicit_device
+
 RTOL, ATOL = 1e-4, 1e-5
 
 

@@ -70,3 +70,23 @@ def test_order_comparisons_hold_for_every_size():
 def test_a_size_prints_as_source():
     assert repr((S0 * 64, 16)) == "(64*s0, 16)"
     assert repr(sym("x0", 4)) == "Expr(x0)"  # static expressions print as before
+
+
+def test_a_squared_size_from_torch_becomes_a_product_of_sizes():
+    """The stride of an [L, L] block is L**2 in sympy (seen on CUDA in an attention graph);
+    it converts to s*s instead of sending the graph per size."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import (DimDynamic, ShapeEnv,
+                                                       StatelessSymbolicContext)
+
+    from kiln.lower.symbolic import to_size
+
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    fake = mode.from_tensor(torch.empty(5, 7), symbolic_context=StatelessSymbolicContext(
+        dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.DYNAMIC]))
+    length = fake.shape[0]
+    square = to_size(length * length * 3 + fake.shape[1])
+    name = str(to_size(length))
+    assert str(square).replace(" ", "") in (f"{fake.shape[1].node.expr}+3*{name}*{name}",
+                                            f"3*{name}*{name}+{fake.shape[1].node.expr}")
