@@ -3,6 +3,8 @@
 - `TransformerBlock`: the seed document's block, unchanged (nn.MultiheadAttention, LayerNorm, MLP).
 - `GPT`: a nanoGPT-style decoder (token + position embeddings, causal SDPA attention, tied lm_head).
 - `ResNetBlock` / `TinyResNet`: a basic residual block with BatchNorm and a downsample shortcut.
+- `ExplicitCausalAttention`: hand-written causal attention whose sequence length reaches `view`,
+  a `torch.ones(L, L)` mask and a softmax (the dynamic-shapes tests sweep it).
 
 These modules contain no kiln code: the tests compile them and compare against eager runs of
 identical deep copies (the seed block is imported from `kiln.tools.seed_model`, plain PyTorch). Keep sizes small; CPU tests run them many times.
@@ -18,6 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 __all__ = [
+    "ExplicitCausalAttention",
     "GPT",
     "GPTConfig",
     "ResNetBlock",
@@ -232,3 +235,26 @@ class TinyResNet(nn.Module):
         x = torch.flatten(x, 1)
         x = self.fc(x)
         return x
+
+
+class ExplicitCausalAttention(nn.Module):
+    """Hand-written causal self-attention: the sequence length reaches view, a mask built with
+    torch.ones(L, L), masked_fill and a softmax, as a hand-written block does."""
+
+    def __init__(self, d_model: int = 16, heads: int = 2) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+        self.norm = nn.LayerNorm(d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, d_model = x.shape
+        head_dim = d_model // self.heads
+        q, k, v = self.qkv(self.norm(x)).split(d_model, dim=-1)
+        q, k, v = (t.view(batch, length, self.heads, head_dim).transpose(1, 2) for t in (q, k, v))
+        scores = q @ k.transpose(-2, -1) / math.sqrt(head_dim)
+        mask = torch.ones(length, length, dtype=torch.bool, device=x.device).tril()
+        scores = scores.masked_fill(~mask, float("-inf"))
+        out = (scores.softmax(-1) @ v).transpose(1, 2).reshape(batch, length, d_model)
+        return x + self.proj(out)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import math
 from typing import Any, Callable
 
 import pytest
@@ -26,6 +25,7 @@ from kiln.autograd.size_variants import SymbolicVariant
 from kiln.autograd import trace as trace_module
 from kiln.autograd.symbolic import SymbolicUnsupported
 from kiln.tools.suite import model_registry
+from models import ExplicitCausalAttention
 
 # aot_eager graphs (no generated kernels): CPU tensors, also in the CUDA suite, whose default
 # device would otherwise put inputs on the GPU beside CPU weights
@@ -108,29 +108,6 @@ class MLP(torch.nn.Module):
         return self.fc2(F.gelu(self.norm(self.fc1(x))))
 
 
-class CausalAttention(torch.nn.Module):
-    """Hand-written causal self-attention: the sequence length reaches view, a mask built with
-    torch.ones(L, L), masked_fill and softmax."""
-
-    def __init__(self, d_model: int = 16, heads: int = 2) -> None:
-        super().__init__()
-        self.heads = heads
-        self.qkv = torch.nn.Linear(d_model, 3 * d_model)
-        self.proj = torch.nn.Linear(d_model, d_model)
-        self.norm = torch.nn.LayerNorm(d_model)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, length, d_model = x.shape
-        head_dim = d_model // self.heads
-        q, k, v = self.qkv(self.norm(x)).split(d_model, dim=-1)
-        q, k, v = (t.view(batch, length, self.heads, head_dim).transpose(1, 2) for t in (q, k, v))
-        scores = q @ k.transpose(-2, -1) / math.sqrt(head_dim)
-        mask = torch.ones(length, length, dtype=torch.bool, device=x.device).tril()
-        scores = scores.masked_fill(~mask, float("-inf"))
-        out = (scores.softmax(-1) @ v).transpose(1, 2).reshape(batch, length, d_model)
-        return x + self.proj(out)
-
-
 # -- size sweeps ------------------------------------------------------------------------------
 
 def test_mlp_batch_sweep_inference(aot_backend, recorder):
@@ -146,13 +123,14 @@ def test_mlp_batch_sweep_training(aot_backend, recorder):
 
 
 def test_causal_attention_sequence_sweep_inference(aot_backend, recorder):
-    sweep_inference(CausalAttention(), lambda n: (torch.randn(2, n, 16),), range(1, 65),
+    sweep_inference(ExplicitCausalAttention(), lambda n: (torch.randn(2, n, 16),), range(1, 65),
                     aot_backend)
     assert_compiled_once(aot_backend, recorder)
 
 
 def test_causal_attention_sequence_sweep_training(aot_backend, recorder):
-    sweep_training(CausalAttention(), lambda n: (torch.randn(2, n, 16, requires_grad=True),),
+    sweep_training(ExplicitCausalAttention(),
+                   lambda n: (torch.randn(2, n, 16, requires_grad=True),),
                    range(1, 65), aot_backend)
     assert_compiled_once(aot_backend, recorder)
 
@@ -223,6 +201,13 @@ def test_in_place_writes_into_inputs(recorder):
     assert len(recorder.autograd_traces) <= 2 and recorder.autograd_traces[-1].symbolic
 
 
+def backward_both(out: torch.Tensor, expected: torch.Tensor) -> None:
+    """The same random tangent back through the compiled and the eager output."""
+    tangent = torch.randn_like(out)
+    (out * tangent).sum().backward()
+    (expected * tangent).sum().backward()
+
+
 def test_in_place_write_into_a_non_leaf_input_that_requires_grad(recorder):
     def fn(x, w):
         x.mul_(w)  # x is computed before the graph: eager allows the write
@@ -236,9 +221,7 @@ def test_in_place_write_into_a_non_leaf_input_that_requires_grad(recorder):
         out, expected = compiled(x, w), fn(x2, w2)
         close(out, expected, f"size {size}: output")
         close(x, x2, f"size {size}: the written input")
-        tangent = torch.randn_like(out)
-        (out * tangent).sum().backward()
-        (expected * tangent).sum().backward()
+        backward_both(out, expected)
         close(base.grad, base2.grad, f"size {size}: grad through the write")
         close(w.grad, w2.grad, f"size {size}: grad of w")
     assert len(recorder.autograd_traces) <= 2 and recorder.autograd_traces[-1].symbolic
@@ -263,9 +246,7 @@ def test_dropout_in_train_mode(recorder):
         x2, w2 = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
         expected = (x2 @ w2) * kept * 2.0
         close(out, expected, f"size {size}: output")
-        tangent = torch.randn_like(out)
-        (out * tangent).sum().backward()
-        (expected * tangent).sum().backward()
+        backward_both(out, expected)
         close(x.grad, x2.grad, f"size {size}: x.grad")
         close(w.grad, w2.grad, f"size {size}: w.grad")
     traces = [r for r in recorder.autograd_traces if r.training]

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 import kiln
 import models
+from models import ExplicitCausalAttention
 from kiln.backends.aot_eager import aot_eager
 from helpers import CountingBackend, assert_grads_equal, eager_copy
 
@@ -45,29 +46,6 @@ class MLP(torch.nn.Module):
         return self.fc2(F.gelu(self.fc1(x)))
 
 
-class CausalAttention(torch.nn.Module):
-    """Explicit causal self-attention: the sequence length reaches view, a mask built with
-    torch.ones(L, L) and a softmax, as a hand-written block does."""
-
-    def __init__(self, d_model: int = 16, heads: int = 2) -> None:
-        super().__init__()
-        self.heads = heads
-        self.qkv = torch.nn.Linear(d_model, 3 * d_model)
-        self.proj = torch.nn.Linear(d_model, d_model)
-        self.norm = torch.nn.LayerNorm(d_model)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, length, d_model = x.shape
-        head_dim = d_model // self.heads
-        q, k, v = self.qkv(self.norm(x)).split(d_model, dim=-1)
-        q, k, v = (t.view(batch, length, self.heads, head_dim).transpose(1, 2) for t in (q, k, v))
-        scores = q @ k.transpose(-2, -1) / math.sqrt(head_dim)
-        mask = torch.ones(length, length, dtype=torch.bool, device=x.device).tril()
-        scores = scores.masked_fill(~mask, float("-inf"))
-        out = (scores.softmax(-1) @ v).transpose(1, 2).reshape(batch, length, d_model)
-        return x + self.proj(out)
-
-
 def _close(actual: torch.Tensor, expected: torch.Tensor) -> None:
     torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
 
@@ -87,7 +65,7 @@ def test_mlp_batch_sweep_compiles_at_most_twice(make_backend):
 @pytest.mark.parametrize("make_backend", [CountingBackend, CountingAot], ids=["eager", "aot_eager"])
 def test_causal_attention_sequence_sweep_compiles_at_most_twice(make_backend):
     backend = make_backend()
-    block = CausalAttention().eval()
+    block = ExplicitCausalAttention().eval()
     compiled = kiln.compile(block, backend=backend)
     lengths = range(1, 65) if make_backend is CountingBackend else (1, 2, 3, 7, 16, 33, 64)
     with torch.no_grad():
@@ -293,7 +271,7 @@ def test_torch_dynamo_mark_dynamic_is_read_too():
     assert backend.count == 1
 
 
-@pytest.mark.parametrize("model_cls", [MLP, CausalAttention])
+@pytest.mark.parametrize("model_cls", [MLP, ExplicitCausalAttention])
 def test_training_on_a_dynamic_graph_with_aot_eager_matches_eager_grads(model_cls):
     backend = CountingAot()
     torch.manual_seed(1)
