@@ -50,6 +50,10 @@ def _plan(node: torch.fx.Node, devices: tuple[str, ...]) -> tuple[int, int, int,
     if va.device.type not in devices or va.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         return None
     (m, k), n = va.shape, vb.shape[1]
+    if not all(isinstance(d, int) for d in (m, k, n)):
+        # a symbolic size: deciding "aligned?" or "large?" would record a fact about it (a
+        # `s0 % 4 == 0` guard), and a later size on the other side compiles another variant
+        return None
     kp, np_ = _aligned(k, va.dtype), _aligned(n, va.dtype)
     if (kp, np_) == (k, n) or 2 * m * n * k < MIN_FLOPS:
         return None
