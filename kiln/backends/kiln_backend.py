@@ -67,13 +67,13 @@ def kiln_backend(gm: torch.fx.GraphModule, example_inputs: list, *, mode: str | 
         _check_interpreter()
     _note_unimplemented(opts)
 
-    def compile_static(graph: torch.fx.GraphModule, inputs: list) -> Callable[..., Any]:
-        return guard_storage_offsets(compile_captured(graph, inputs, opts), graph, inputs)
+    def compiling(symbolic: bool) -> Callable[[torch.fx.GraphModule, list], Callable[..., Any]]:
+        def compile_one(graph: torch.fx.GraphModule, inputs: list) -> Callable[..., Any]:
+            compiled = compile_captured(graph, inputs, opts, symbolic=symbolic)
+            return guard_storage_offsets(compiled, graph, inputs)
+        return compile_one
 
-    def compile_symbolic(graph: torch.fx.GraphModule, inputs: list) -> Callable[..., Any]:
-        compiled = compile_captured(graph, inputs, opts, symbolic=True)
-        return guard_storage_offsets(compiled, graph, inputs)
-
+    compile_static, compile_symbolic = compiling(False), compiling(True)
     if config.symbolic_kernels and symbolic_inputs(gm):
         # one compile with sizes as kernel arguments (stage C); what it cannot compile
         # compiles once per set of input sizes behind the one capture (per_size)

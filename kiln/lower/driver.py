@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.fx
@@ -102,8 +102,8 @@ def _interpret(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None,
     _bind_inputs(gm, example_inputs, builder, interp)
     outputs = interp.run_nodes(list(gm.graph.nodes))
     values = _compat.tree_leaves(outputs, is_leaf=_is_leaf)
-    covers = _covering_values(gm, interp.env, metas)
-    builder.graph.outputs = _outputs(builder, values, metas, covers)
+    builder.graph.outputs = _outputs(builder, values, metas,
+                                     lambda key: _covering_value(gm, interp.env, key))
     _drop_unread_empties(builder.graph)
 
 
@@ -194,7 +194,8 @@ def _origin(node: torch.fx.Node) -> Origin:
     return Origin(node.name, node.op, node.meta.get("user_location"))
 
 
-def _outputs(builder: GraphBuilder, values: list, metas: list, covers: dict) -> list:
+def _outputs(builder: GraphBuilder, values: list, metas: list,
+             covering: Callable[[Any], tuple | None]) -> list:
     """Each output as a strided view of a buffer. Outputs that share a storage in eager (a view
     and its base) become views of one buffer, so an in-place op on one shows through the other:
     the base is realized first and the others are placed in it by their eager geometry. When no
@@ -203,8 +204,8 @@ def _outputs(builder: GraphBuilder, values: list, metas: list, covers: dict) -> 
     out: list[Any] = [None] * len(values)
     for group in _alias_groups(metas):
         base = max(group, key=lambda i: (_is_dense(metas[i]), metas[i].numel()))
-        cover = covers.get(_compat.storage_key(metas[base]))
-        if not _is_dense(metas[base]) and cover is not None:
+        cover = None if _is_dense(metas[base]) else covering(_compat.storage_key(metas[base]))
+        if cover is not None:
             base_arg = _output(builder, *cover)  # realized with eager's strides
             base_meta = cover[1]
         else:
@@ -220,24 +221,19 @@ def _outputs(builder: GraphBuilder, values: list, metas: list, covers: dict) -> 
     return out
 
 
-def _covering_values(gm: torch.fx.GraphModule, env: dict, metas: list) -> dict:
-    """For each storage that two or more outputs share: a lowered intermediate whose eager
-    tensor starts the storage and fills it densely, as (value, its meta). Outputs placed in it
-    keep eager's aliasing even when none of them is dense."""
-    wanted = {_compat.storage_key(metas[g[0]]) for g in _alias_groups(metas)}
-    covers: dict[Any, tuple] = {}
-    if not wanted:
-        return covers
+def _covering_value(gm: torch.fx.GraphModule, env: dict, key: Any) -> tuple | None:
+    """A lowered intermediate whose eager tensor starts the storage `key` and fills it densely,
+    as (value, its meta), else None: outputs placed in it keep eager's aliasing even when none
+    of them is dense."""
     for node in gm.graph.nodes:
         meta = node.meta.get("val")
         if node.op != "call_function" or not isinstance(meta, torch.Tensor) \
                 or not isinstance(env.get(node), TensorValue):
             continue
-        key = _compat.storage_key(meta)
-        if key in wanted and meta.storage_offset() == 0 and _is_dense(meta) \
-                and meta.numel() == _storage_numel(meta):
-            covers.setdefault(key, (env[node], meta))
-    return covers
+        if _compat.storage_key(meta) == key and meta.storage_offset() == 0 \
+                and _is_dense(meta) and meta.numel() == _storage_numel(meta):
+            return env[node], meta
+    return None
 
 
 def _storage_numel(meta: torch.Tensor) -> int:
