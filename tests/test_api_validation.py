@@ -120,7 +120,7 @@ def test_options_reach_the_autotuner(monkeypatch, tmp_path, device):
 def test_torch_compile_style_mode_string_reaches_the_kiln_backend(monkeypatch, device):
     seen = []
     monkeypatch.setattr("kiln.backends.kiln_backend.compile_captured",
-                        lambda gm, inputs, options: seen.append(options) or gm)
+                        lambda gm, inputs, options, symbolic=False: seen.append(options) or gm)
     config.cpu_codegen = "triton_interpret"  # CPU inputs: the interpreter, not torch ops
     gm = torch.fx.symbolic_trace(_f)
     x = torch.randn(3, device=device)
