@@ -67,6 +67,14 @@ _FIELDS: dict[str, _Field] = {
     "fp_fusion": _Field(False, bool, "KILN_FP_FUSION",
                         "let Triton contract a * b + c into FMAs in generated kernels (faster, "
                         "but rounds differently from eager, which rounds each op)"),
+    # On by default: eager rounds a float16/bfloat16 result at every op, and a fused chain
+    # rounded once at its store turned `(acc16 * 3).long()` into an off-by-one against eager
+    # (fuzz seed 92238). Two conversions per fused half-precision op (kiln.lower.rules.helpers).
+    "emulate_precision_casts": _Field(True, bool, "KILN_EMULATE_PRECISION_CASTS",
+                                      "fused float16/bfloat16 ops round their results to that "
+                                      "dtype as eager does at every op (off: float32 through a "
+                                      "fused chain, rounded once where stored, as Inductor's "
+                                      "default)"),
     # On by default: a permute fused with elementwise math (convnext's layer scale + residual)
     # ran at 5.6 % of the H200's copy roofline as a 1-D kernel. Off: the 1-D kernels, for A/B.
     "tile_pointwise": _Field(True, bool, "KILN_TILE_POINTWISE",

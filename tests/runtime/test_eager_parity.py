@@ -258,3 +258,22 @@ def test_fused_half_values_round_where_they_meet_another_dtype(device):
 
     _assert_same_call(fn, lambda: [torch.randn(6, device=device) * 3,
                                    (torch.randn(6, device=device) * 4).to(torch.bfloat16)])
+
+
+@pytest.mark.parametrize("half", [torch.float16, torch.bfloat16])
+def test_a_fused_half_chain_rounds_at_every_op_as_eager(device, half):
+    """H200 fuzz seed 92238: `acc = x[0] * 1 + x[1] * 2` (half, returned), `(acc * 3).long()`.
+    Rounded once at the end of the chain, the truncation was off by one against eager, which
+    rounds `acc` before `* 3` (config.emulate_precision_casts)."""
+    def fn(x):
+        acc = x[0] * 1 + x[1] * 2
+        return acc, (acc * 3).long(), torch.relu(acc * 5 - 1).sum(0)
+
+    def make():
+        return [(torch.randn(2, 4096, device=device) * 40).to(half)]
+
+    x, = make()
+    acc32 = x[0].float() + x[1].float() * 2
+    rounded_once = (acc32 * 3).to(half).long()
+    assert (rounded_once != fn(x)[1]).any(), "inputs too easy: one rounding gives eager's answer"
+    _assert_same_call(fn, make)

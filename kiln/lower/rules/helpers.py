@@ -13,6 +13,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from kiln.config import config
 from kiln.lower.index import Expr, as_size
 from kiln.lower.ir import Pointwise, compute_dtype
 from kiln.lower.rule_table import Call
@@ -87,19 +88,23 @@ def loader_as(value: TensorValue, dtype: torch.dtype, size: Sequence[int] | None
     """A loader of `value` (broadcast to `size` when given) returning `dtype` values, for an op
     whose result has dtype `into`.
 
-    A float16/bfloat16 value computes in float32 while it is fused (Inductor's default too):
-    eager would have rounded it at every op, kiln rounds once where it is stored. When the
-    value flows into a result of another dtype (`t16 - x32`, `(b16 * 3).long()`, `t16 > 0`) it
-    leaves its half-precision world, and eager's value there is the rounded one: round it
-    first, so the wider result, the integer or the comparison sees what eager sees (fuzz seeds
-    23534, 23979). A value read from a buffer is already rounded and is not rounded again.
-    The other way, an operand of another dtype entering a half-precision result is rounded to
-    that dtype, as eager's TensorIterator casts operands to the common dtype."""
+    A float16/bfloat16 value computes in float32 while it is fused; eager rounds it at every
+    op. With `config.emulate_precision_casts` (the default) every fused op rounds its operands
+    to their half-precision dtype as eager stores them, so `(acc16 * 3).long()` sees eager's
+    `acc16` (fuzz seed 92238: off by one otherwise). Without it (Inductor's default), the value
+    is still rounded where it flows into a result of another dtype (`t16 - x32`,
+    `(b16 * 3).long()`, `t16 > 0`): it leaves its half-precision world, and eager's value there
+    is the rounded one (fuzz seeds 23534, 23979). A value read from a buffer is already rounded
+    and is not rounded again. The other way, an operand of another dtype entering a
+    half-precision result is rounded to that dtype, as eager's TensorIterator casts operands to
+    the common dtype."""
     if size is not None:
         value = expand_to(value, size)
     inner = value.loader()
     src = value.compute_dtype
-    if into is not None and into != value.dtype and src != value.dtype \
+    leaves = into is not None and into != value.dtype
+    emulated = config.emulate_precision_casts and value.dtype in _HALF
+    if (leaves or emulated) and src != value.dtype \
             and not isinstance(base_of(value)[0], BufferValue):
         half = value.dtype
         return lambda index: ops.to_dtype(ops.to_dtype(inner(index), half), dtype)

@@ -162,7 +162,7 @@ def lower_clamp(call: Call, x: TensorValue, *bounds: Any, **kw: Any) -> TensorVa
 @register(aten.relu.default)
 def lower_relu(call: Call, x: TensorValue) -> TensorValue:
     comp = compute_dtype(x.dtype)
-    lx = x.loader()
+    lx = loader_as(x, comp)
     zero = scalar_loader(0, comp)
     return pointwise(call, x.size, lambda i: ops.maximum(lx(i), zero(i)), x.dtype, (x,))
 
@@ -170,7 +170,7 @@ def lower_relu(call: Call, x: TensorValue) -> TensorValue:
 @register(aten.gelu.default)
 def lower_gelu(call: Call, x: TensorValue, approximate: str = "none") -> TensorValue:
     comp = compute_dtype(x.dtype)
-    lx = x.loader()
+    lx = loader_as(x, comp)
 
     def c(v: float) -> Any:
         return ops.constant(v, comp)

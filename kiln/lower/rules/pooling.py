@@ -14,7 +14,7 @@ import torch
 from kiln.lower.index import Expr, as_expr
 from kiln.lower.rule_table import Call, register
 from kiln.lower.ops import ops
-from kiln.lower.rules.helpers import pointwise
+from kiln.lower.rules.helpers import loader_as, pointwise
 from kiln.lower.values import TensorValue
 
 aten = torch.ops.aten
@@ -29,8 +29,8 @@ def _window_max(x: TensorValue, index: Sequence[Expr], kernel: tuple[int, int],
                 stride: tuple[int, int], padding: tuple[int, int],
                 dilation: tuple[int, int]) -> tuple[Any, Any]:
     """(max value, flat h*W+w index of the first maximum) of the window of output `index`."""
-    load = x.loader()
     comp = x.compute_dtype
+    load = loader_as(x, comp)  # ties as eager sees them: half values rounded
     height, width = x.size[-2:]
     lead, oh, ow = list(index[:-2]), index[-2], index[-1]
     h0 = as_expr(oh) * stride[0] - padding[0]
