@@ -170,14 +170,15 @@ def guard_count(shape_env: Any) -> int:
 
 def sympy_kind(expr: Any) -> str:
     """"symbol", "integer", "add", "mul", "power" (a positive integer exponent), "floordiv",
-    "mod" or "other" for a sympy size."""
+    "mod", "max", "min" or "other" for a sympy size."""
     import sympy
-    from torch.utils._sympy.functions import FloorDiv, Mod, PythonMod
+    from torch.utils._sympy.functions import FloorDiv, Max, Min, Mod, PythonMod
 
     if isinstance(expr, sympy.Pow) and expr.exp.is_Integer and expr.exp > 0:
         return "power"  # s0**2: the stride of an [L, L] block
     kinds = ((sympy.Symbol, "symbol"), (sympy.Integer, "integer"), (sympy.Add, "add"),
-             (sympy.Mul, "mul"), (FloorDiv, "floordiv"), ((Mod, PythonMod), "mod"))
+             (sympy.Mul, "mul"), (FloorDiv, "floordiv"), ((Mod, PythonMod), "mod"),
+             ((sympy.Max, Max), "max"), ((sympy.Min, Min), "min"))
     for cls, kind in kinds:
         if isinstance(expr, cls):
             return kind

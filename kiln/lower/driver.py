@@ -244,9 +244,21 @@ def _alias_groups(metas: list) -> list[list[int]]:
     """Indices of tensor outputs sharing one storage, groups of two or more."""
     groups: dict[Any, list[int]] = {}
     for i, meta in enumerate(metas):
-        if isinstance(meta, torch.Tensor) and meta.numel() > 0:
+        if isinstance(meta, torch.Tensor) and not _surely_empty(meta):
             groups.setdefault(_compat.storage_key(meta), []).append(i)
     return [g for g in groups.values() if len(g) > 1]
+
+
+def _surely_empty(meta: torch.Tensor) -> bool:
+    """No elements for every size (dim by dim: the bounds of a product of sizes are too
+    loose to order `s0*s0 - s0` against 0). Sizes that may be 0 count as not empty."""
+    for d in meta.shape:
+        try:
+            if d <= 0:
+                return True
+        except TypeError:  # a symbolic extent whose sign depends on the sizes
+            continue
+    return False
 
 
 def _alias_of(base: Any, base_meta: torch.Tensor, meta: torch.Tensor) -> TensorArg | None:

@@ -124,8 +124,23 @@ def _from_sympy(expr: Any, shape_env: Any) -> Expr:
         return args[0] // args[1]
     if kind == "mod":
         return args[0] % args[1]
+    if kind in ("max", "min"):
+        return _extreme(expr, args, largest=kind == "max")
     raise SymbolicShapeError(f"symbolic size {expr} is not a sum, product, power, floor "
-                             "division or modulo of sizes")
+                             "division, modulo, max or min of sizes")
+
+
+def _extreme(expr: Any, args: list[Expr], largest: bool) -> Expr:
+    """The argument of a Max/Min that is the extreme one for every size (a slice's length
+    `Max(0, s0 - 1)` is `s0 - 1`: sizes are at least 2); one that depends on the sizes raises."""
+    for a in args:
+        try:
+            if all((a >= b) if largest else (a <= b) for b in args):
+                return a
+        except TypeError:  # the order depends on the sizes
+            continue
+    raise SymbolicShapeError(f"symbolic size {expr}: which argument is the "
+                             f"{'largest' if largest else 'smallest'} depends on the sizes")
 
 
 class SymMeta:

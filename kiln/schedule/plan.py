@@ -99,9 +99,10 @@ def _flat(vars_: Sequence[Expr], ranges: Sequence[int]) -> Expr:
 
 def _unflat(flat: Expr, ranges: Sequence[int]) -> list[Expr]:
     out: list[Expr] = []
-    inner = math.prod(ranges)
-    for size in ranges:
-        inner //= max(size, 1)
+    for k, size in enumerate(ranges):
+        # the product of the inner extents, not a running quotient: with symbolic sizes,
+        # `s0*(s0 - 1) // s0` is no plain size expression
+        inner = math.prod(max(r, 1) if isinstance(r, int) else r for r in ranges[k + 1:])
         out.append((flat // inner) % size if size != 1 else as_expr(0))
     return out
 

@@ -126,30 +126,30 @@ def test_size_one_dim_broadcast_next_to_a_symbolic_dim(device, kernel_compiles):
             torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
 
-def _advanced_index(x, i):
-    return x[i] * 2
+def _cat_along_symbolic(x, i):
+    return torch.cat([x, x[i]]) * 2
 
 
 def test_unsupported_graph_compiles_per_size(device):
-    """aten.index over symbolic sizes is outside the symbolic path: per size, right answers."""
+    """cat along a symbolic dim is outside the symbolic path: per size, right answers."""
     x, i = torch.randn(6, 4, device=device), torch.tensor([0, 2, 5], device=device)
-    gm = torch.fx.symbolic_trace(_advanced_index)
+    gm = torch.fx.symbolic_trace(_cat_along_symbolic)
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             node.meta["val"] = None
 
     def compile_symbolic(graph, inputs):
-        return compile_graph(_symbolic(_advanced_index, tuple(inputs)), [])
+        return compile_graph(_symbolic(_cat_along_symbolic, tuple(inputs)), [])
 
     def compile_static(graph, inputs):
-        return lambda *args: (_advanced_index(*args),)
+        return lambda *args: (_cat_along_symbolic(*args),)
 
     with pytest.raises(TypeError):
         compile_symbolic(gm, [x, i])
     gm.graph.find_nodes(op="placeholder")[0].meta["val"] = _symbolic_meta(x)
     compiled = symbolic_or_per_size(compile_symbolic, compile_static, gm, [x, i])
     assert isinstance(compiled, SizeCache)
-    torch.testing.assert_close(compiled(x, i)[0], _advanced_index(x, i))
+    torch.testing.assert_close(compiled(x, i)[0], _cat_along_symbolic(x, i))
 
 
 def _symbolic_meta(x):
@@ -245,3 +245,29 @@ def test_matmul_padding_leaves_symbolic_sizes_alone(device, kernel_compiles, mon
     monkeypatch.setattr(padding, "MIN_FLOPS", 0)
     test_kiln_compile_end_to_end_compiles_kernels_for_two_sizes_only(device, kernel_compiles,
                                                                      train=True)
+
+
+def _slices_and_index(x, mask, i):
+    length = x.shape[-1]
+    head, tail = x[:, 1:], x[..., -3:]
+    return (x + mask[:length, :length], head * 2, tail.sum(-1), x[:, :-1] - 1, x[i])
+
+
+def test_slices_and_index_with_symbolic_bounds_compile_once(device, kernel_compiles):
+    """`mask[:L, :L]` of a fixed buffer, slices from either end of a symbolic dim, and an
+    index tensor of symbolic length: one symbolic compile for every size."""
+    mask = torch.randn(64, 64, device=device)
+
+    def inputs(length, picks):
+        return (torch.randn(length, length, device=device), mask,
+                torch.randint(0, length, (picks,), device=device))
+
+    artifact = compile_graph(_symbolic(_slices_and_index, inputs(7, 5), {0: {0, 1}, 2: {0}}),
+                             [])
+    assert artifact.graph.symbolic and all(spec.size_args for spec in artifact.specs)
+    compiled = len(kernel_compiles)
+    for length, picks in ((3, 2), (5, 9), (17, 4), (64, 33)):
+        args = inputs(length, picks)
+        for out, ref in zip(artifact(*args), _slices_and_index(*args)):
+            torch.testing.assert_close(out, ref)
+    assert len(kernel_compiles) == compiled

@@ -77,10 +77,11 @@ def lower_index(call: Call, x: TensorValue, indices: Sequence[TensorValue | None
     out = call.out
     ndim = len(x.size)
     indexed = [d for d, t in enumerate(indices) if t is not None]
-    bshape = tuple(torch.broadcast_shapes(*[tuple(indices[d].size) for d in indexed]))
     adjacent = indexed == list(range(indexed[0], indexed[-1] + 1))
     first = indexed[0] if adjacent else 0
-    nb = len(bshape)
+    nb = max(len(indices[d].size) for d in indexed)
+    # the indices' broadcast shape, as the fake output has it (sizes may be symbolic)
+    bshape = tuple(out.shape[first:first + nb])
     loads = {d: _indirect(expand_to(indices[d], bshape), x.size[d]) for d in indexed}
     load = x.loader()
     rest = [d for d in range(ndim) if d not in indexed]

@@ -64,13 +64,21 @@ def permute_view(x: TensorValue, dims: Sequence[int]) -> tuple[tuple[int, ...], 
     return size, reindex
 
 
-def slice_view(x: TensorValue, dim: int, start: int | None, end: int | None,
-               step: int) -> tuple[tuple[int, ...], Any]:
+def slice_view(x: TensorValue, dim: int, start: Any, end: Any, step: int,
+               length: Any = None) -> tuple[tuple[int, ...], Any]:
+    """`x[..., start:end:step, ...]` along `dim`. With symbolic bounds or a symbolic extent,
+    `length` (the fake output's size along `dim`, which torch's meta function clamped) gives
+    the size, and only the start is worked out here."""
     dim = norm_dim(dim, len(x.size))
     n = x.size[dim]
-    start, end, _ = slice(start, end, 1).indices(n)
-    length = max(0, -(-(end - start) // step))
-    size = x.size[:dim] + (length,) + x.size[dim + 1:]
+    if all(_constant(v) for v in (n, start, end)):
+        start, end, _ = slice(_int_or_none(start), _int_or_none(end), 1).indices(int(n))
+        length = max(0, -(-(end - start) // step))
+    elif length is None:
+        raise TypeError("a slice with symbolic bounds needs the size of its result")
+    else:
+        start = _slice_start(start, n)
+    size = x.size[:dim] + (as_size(length),) + x.size[dim + 1:]
 
     def reindex(index: Sequence[Expr]) -> list[Expr]:
         out = list(index)
@@ -78,6 +86,28 @@ def slice_view(x: TensorValue, dim: int, start: int | None, end: int | None,
         return out
 
     return size, reindex
+
+
+def _constant(value: Any) -> bool:
+    return not isinstance(value, Expr) or value.is_constant
+
+
+def _int_or_none(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _slice_start(start: Any, n: Any) -> Expr:
+    """The first element of a slice of an extent-`n` dim with symbolic bounds, as an index.
+    A negative start counts from the end (torch clamps it at 0: only a start known to stay in
+    the dim for every size is taken; else TypeError, and the graph compiles per size). A start
+    past the end needs no clamp: the slice is then empty and reads nothing."""
+    start = as_expr(0 if start is None else start)
+    if start >= 0:  # raises when the sign depends on the sizes
+        return start
+    from_end = as_expr(n) + start
+    if from_end >= 0:
+        return from_end
+    raise TypeError(f"slice start {start} of a dim of {n} may fall before its first element")
 
 
 def select_view(x: TensorValue, dim: int, i: int) -> tuple[tuple[int, ...], Any]:
@@ -151,7 +181,8 @@ def lower_squeeze(call: Call, x: TensorValue, dims: Any = None) -> TensorValue:
 @register(aten.slice.Tensor)
 def lower_slice(call: Call, x: TensorValue, dim: int = 0, start: int | None = None,
                 end: int | None = None, step: int = 1) -> TensorValue:
-    return _view(call, x, *slice_view(x, dim, start, end, step))
+    length = call.out.shape[norm_dim(dim, len(x.size))]
+    return _view(call, x, *slice_view(x, dim, start, end, step, length))
 
 
 @register(aten.select.int)
@@ -165,7 +196,7 @@ def lower_split(call: Call, x: TensorValue, sizes: Any, dim: int = 0) -> tuple:
     outs, start = [], 0
     for meta in call.out:
         n = meta.shape[dim]
-        outs.append(_view(call, x, *slice_view(x, dim, start, start + n, 1)))
+        outs.append(_view(call, x, *slice_view(x, dim, start, start + n, 1, n)))
         start += n
     return tuple(outs)
 
