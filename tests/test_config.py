@@ -37,6 +37,7 @@ def test_defaults():
         "warm_start": True,
         "disabled_passes": "",
         "fp_fusion": False,
+        "emulate_precision_casts": True,
         "tile_pointwise": True,
         "channels_last": False,
         "symbolic_kernels": True,
