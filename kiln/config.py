@@ -86,6 +86,12 @@ _FIELDS: dict[str, _Field] = {
                                "the kiln backend compiles a graph with symbolic sizes once, "
                                "with sizes as kernel arguments (off: once per set of sizes, "
                                "kiln.backends.per_size)"),
+    # On by default, as torch._dynamo.config.optimize_ddp: one graph under DDP has one backward
+    # node, so every gradient is ready only when it ends and no all-reduce overlaps it.
+    "optimize_ddp": _Field(True, bool, "KILN_OPTIMIZE_DDP",
+                           "split a graph captured under DistributedDataParallel at its "
+                           "gradient-bucket boundaries and compile each piece on its own "
+                           "(kiln.capture.ddp_split; docs/distributed.md)"),
     # Off by default: its ResNet-50 gain (5.1 -> 3.5 ms of kernels, 4.0 ms in a kiln-only run)
     # did not show in a run beside eager and torch.compile (5.38 ms), and NHWC convolutions give
     # float32 results off eager's by TF32 algorithm differences (benchmarks/RESULTS.md,

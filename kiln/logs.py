@@ -34,7 +34,7 @@ __all__ = [
 
 ARTIFACTS: tuple[str, ...] = (
     "graph_breaks", "recompiles", "guards", "graph_code",
-    "output_code", "fusion", "perf_hints", "aot_graphs", "bytecode",
+    "output_code", "fusion", "perf_hints", "aot_graphs", "bytecode", "ddp_graphs",
 )
 _ALL_ALIASES = {"all", "+kiln"}
 QUIET = "-kiln"  # in KILN_LOGS: no warnings from kiln (errors still raise)

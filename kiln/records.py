@@ -3,13 +3,44 @@ logs render the same records as they happen."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable
 
 import torch.fx
 
 from kiln.diagnostics import GuardRecord, RecompileReason, Unsupported
 
-__all__ = ["AutogradTraceRecord", "GraphRecord", "Recorder", "active_recorders", "emit"]
+__all__ = ["AutogradTraceRecord", "DDPPieceRecord", "DDPSplitRecord", "GraphRecord", "Recorder",
+           "active_recorders", "emit"]
+
+
+@dataclasses.dataclass(frozen=True)
+class DDPPieceRecord:
+    """One piece of a graph split at DDP bucket boundaries: the parameters whose gradients it
+    produces (those first used in it), their bytes, and its graph's op targets."""
+
+    params: tuple[str, ...]
+    nbytes: int
+    ops: tuple[Any, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class DDPSplitRecord:
+    """A graph captured under DDP and split so each bucket's all-reduce can start while the
+    rest of the backward runs (kiln.capture.ddp_split); pieces in forward order, so the last
+    piece's gradients are ready first and fill DDP's first bucket."""
+
+    first_bucket_cap: int
+    bucket_cap: int
+    pieces: tuple[DDPPieceRecord, ...]
+
+    def render(self, op_name: Callable[[Any], str] = str) -> str:
+        lines = [f"{len(self.pieces)} pieces (bucket cap {self.bucket_cap} B, first bucket "
+                 f"{self.first_bucket_cap} B; backward runs them last to first)"]
+        for i, piece in enumerate(self.pieces):
+            lines.append(f"  piece {i + 1}: {piece.nbytes} B of parameters, {len(piece.ops)} ops")
+            lines.append(f"    params: {', '.join(piece.params) or '(none)'}")
+            lines.append(f"    ops: {', '.join(op_name(op) for op in piece.ops)}")
+        return "\n".join(lines)
 
 
 @dataclasses.dataclass
@@ -21,6 +52,7 @@ class GraphRecord:
     compile_seconds: dict[str, float]
     # the graph's symbolic input dims, each with why: "x.shape[0] (dynamic=True)"
     dynamic_dims: tuple[str, ...] = ()
+    ddp_split: DDPSplitRecord | None = None  # set when the graph was split for DDP buckets
 
 
 @dataclasses.dataclass(frozen=True)

@@ -41,6 +41,7 @@ def test_defaults():
         "tile_pointwise": True,
         "channels_last": False,
         "symbolic_kernels": True,
+        "optimize_ddp": True,
     }
 
 
@@ -51,6 +52,11 @@ def test_env_bool(env, raw, expected):
     env(KILN_EAGER_RNG=raw, KILN_SUPPRESS_ERRORS=raw)
     assert config.eager_rng is expected
     assert config.suppress_errors is expected
+
+
+def test_env_turns_ddp_split_off(env):
+    env(KILN_OPTIMIZE_DDP="0")
+    assert config.optimize_ddp is False
 
 
 def test_env_int_str(env):

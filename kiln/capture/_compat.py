@@ -11,7 +11,8 @@ __all__ = ["FakeTensor", "FakeTensorMode", "autocast_state", "new_fake_mode", "i
            "SYM_TYPES", "new_symbolic_fake_mode", "symbolic_dispatch", "symbolic_fake",
            "is_symbolic", "symbol_of",
            "concrete", "hint", "shape_env_facts", "SymbolPrinter", "SYM_SIZE", "SYM_STRIDE",
-           "SYM_NUMEL", "SYM_STORAGE_OFFSET"]
+           "SYM_NUMEL", "SYM_STORAGE_OFFSET", "active_ddp_module", "ddp_bucket_caps",
+           "ddp_ignored"]
 
 try:  # where torch raises when a fake tensor's value would be needed
     from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
@@ -159,3 +160,35 @@ class SymbolPrinter(PythonPrinter):
 
     def _print_Symbol(self, expr: Any) -> str:  # noqa: N802 - sympy's printer protocol
         return self.names[expr]
+
+
+# -- DDP (docs/distributed.md, "Graph split at gradient-bucket boundaries") ----------------------
+# What the split reads of a DistributedDataParallel module: none of it is public API.
+
+def active_ddp_module() -> Any:
+    """The DDP module whose forward is running (DDP sets a class attribute around the call of
+    its wrapped module; TorchDynamo reads the same), or None."""
+    try:
+        from torch.nn.parallel import DistributedDataParallel
+    except ImportError:  # a build without torch.distributed
+        return None
+    getter = getattr(DistributedDataParallel, "_get_active_ddp_module", None)
+    return getter() if getter is not None else None
+
+
+def ddp_bucket_caps(ddp: Any) -> tuple[int, int]:
+    """(first bucket's cap, every other bucket's cap) in bytes, as DDP hands them to its
+    reducer. torch 2.13 keeps the first cap in `_bucket_config` (1 MiB by default, the general
+    cap when the user set `bucket_cap_mb`); older versions always pass the 1 MiB default."""
+    cap = int(ddp.bucket_bytes_cap)
+    first = getattr(getattr(ddp, "_bucket_config", None), "first_bucket_bytes_cap", None)
+    if first is None:
+        import torch.distributed as dist
+        first = getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", cap)
+    return min(int(first), cap), cap
+
+
+def ddp_ignored(param: torch.Tensor) -> bool:
+    """A parameter DDP was told to leave alone (`_set_params_and_buffers_to_ignore_for_model`):
+    it has no bucket."""
+    return bool(getattr(param, "_ddp_ignored", False))

@@ -25,6 +25,7 @@ from kiln.capture.entry import build_break_entry_code, build_entry_code
 from kiln.capture.module_version import MODULE_VERSION
 from kiln.capture.output_graph import OutputGraph
 from kiln.capture.settings import CompileSettings
+from kiln.capture.ddp_split import SplitGraph, compile_split
 from kiln.capture.distributed import eager_wrapper_reason
 from kiln.capture.dynamic_dims import DynamicPolicy
 from kiln.capture.skip import SkipDecisions
@@ -338,18 +339,20 @@ def _capture(fn: types.FunctionType, f_locals: dict[str, Any], cache: CodeCache,
     output.symbolic_guards()  # what the trace assumed about symbolic sizes, now all known
     captured = time.perf_counter()
     namespace: dict[str, Any] = {}
+    split = None
     if entry_code.gm is not None:
-        namespace["__graph"] = _call_backend(settings, entry_code, code)
+        namespace["__graph"], split = _call_backend(settings, entry_code, code)
     done = time.perf_counter()
     guards = output.guards.guards
     times = {"capture": captured - start, "backend": done - captured}
     _log_entry(code, entry_code, guards)
-    dump_capture(code, entry_code.gm, guards, entry_code.body)
+    dump_capture(code, entry_code.gm, guards, entry_code.body, split)
     records.emit("graphs", records.GraphRecord(
         code.co_qualname, entry_code.gm,
         [n.target for n in entry_code.gm.graph.nodes if n.op.startswith("call")]
         if entry_code.gm is not None else [],
-        [g.record() for g in guards], times, output.symbolic.describe(output.fake_mode)))
+        [g.record() for g in guards], times, output.symbolic.describe(output.fake_mode),
+        split.record if split is not None else None))
     return CacheEntry(guards, entry_code.body, namespace, [MODULE_VERSION[0]],
                       _id_key(tuple(f_locals.values())), entry_code.gm)
 
@@ -366,9 +369,14 @@ def _root_cells(fn: types.FunctionType) -> dict[str, CellBox]:
     return cells
 
 
-def _call_backend(settings: CompileSettings, entry_code: Any, code: types.CodeType) -> Callable:
+def _call_backend(settings: CompileSettings, entry_code: Any, code: types.CodeType
+                  ) -> tuple[Callable, SplitGraph | None]:
+    """The compiled graph, and how it was split when it runs under DDP (`ddp_split`)."""
     try:
-        return settings.backend(entry_code.gm, entry_code.example_inputs)
+        split = compile_split(settings.backend, entry_code.gm, entry_code.example_inputs)
+        if split is not None:
+            return split.fn, split
+        return settings.backend(entry_code.gm, entry_code.example_inputs), None
     except Exception as err:
         if config.suppress_errors and not settings.fullgraph:
             where = UserLocation.from_code(code).short()
@@ -418,9 +426,10 @@ def compile_function(fn: types.FunctionType, settings: CompileSettings) -> Calla
 compile_hook.install(compile_function)
 
 
-def dump_capture(code: types.CodeType, gm: Any, guards: list, body: list[str]) -> str | None:
-    """Write the capture stage's artifacts for one graph under KILN_DEBUG_DIR; returns the folder
-    (None when dumping is off)."""
+def dump_capture(code: types.CodeType, gm: Any, guards: list, body: list[str],
+                 split: SplitGraph | None = None) -> str | None:
+    """Write the capture stage's artifacts for one graph under KILN_DEBUG_DIR (with `split`, a
+    graph split at DDP buckets: its pieces too); returns the folder (None when dumping is off)."""
     folder = new_dump_folder(code.co_qualname)
     if folder is None:
         return None
@@ -429,5 +438,6 @@ def dump_capture(code: types.CodeType, gm: Any, guards: list, body: list[str]) -
         "guards.txt": "\n".join(g.record().render() for g in guards) + "\n",
         "entry.py": "def entry(...):\n" + "".join(f"    {line}\n" for line in body),
         "bytecode.txt": format_instrs(decode(code)) + "\n",
+        **(split.dump_files() if split is not None else {}),
     })
     return folder

@@ -15,7 +15,8 @@ operation a graph can hold, and TorchDynamo does not put it in graphs either (it
   and its own `forward` is compiled as a frame of its own (the per-layer compile of FSDP2).
 
 Parameters that are DTensors (FSDP2 sharded parameters outside its forward, tensor parallel)
-are refused as tensor subclasses at graph input (`output_graph.input_for`).
+are refused as tensor subclasses at graph input (`output_graph.input_for`). A graph captured
+under DDP is split at its gradient-bucket boundaries by `ddp_split`.
 """
 from __future__ import annotations
 

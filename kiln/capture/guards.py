@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from kiln.capture import _compat
+from kiln.capture.ddp_split import bucket_key
 from kiln.capture.module_version import watch
 from kiln.capture.sources import Source
 from kiln.diagnostics import GuardFailure, GuardRecord, UserLocation
@@ -279,10 +280,15 @@ class GuardSet:
                   "autocast state", "ambient", module=False, location=None)
         self._add("__default_dtype()", "is", torch.get_default_dtype(),
                   "torch.get_default_dtype()", "ambient", module=False, location=None)
+        buckets = bucket_key()
+        if buckets is not None:  # a graph split for these buckets is not reused under others
+            self._add("__ddp_buckets()", "==", buckets, "the running DDP's bucket caps",
+                      "ambient", module=False, location=None)
 
 
 AMBIENT_NAMESPACE: dict[str, Any] = {
     "__grad_enabled": torch.is_grad_enabled,
     "__autocast_state": _compat.autocast_state,
     "__default_dtype": torch.get_default_dtype,
+    "__ddp_buckets": bucket_key,
 }

@@ -31,6 +31,8 @@ class ExplainOutput:
     saved_reports: list[str] = dataclasses.field(default_factory=list)
     # per graph: its symbolic input dims, each with why ("x.shape[0] (dynamic=True)")
     dynamic_dims: list[tuple[str, ...]] = dataclasses.field(default_factory=list)
+    # per graph: how it was split at DDP bucket boundaries (None: compiled whole)
+    ddp_splits: list[records.DDPSplitRecord | None] = dataclasses.field(default_factory=list)
 
     @property
     def guards(self) -> list[GuardRecord]:
@@ -52,6 +54,10 @@ class ExplainOutput:
             lines.append("Dynamic dims (symbolic sizes: one graph for every size):")
             lines.extend(f"  graph {i + 1}: {', '.join(dims)}"
                          for i, dims in enumerate(self.dynamic_dims) if dims)
+        if any(self.ddp_splits):
+            lines.append("DDP buckets (graphs split so gradient all-reduces overlap backward):")
+            lines.extend(_indent(f"graph {i + 1}: {split.render(op_name)}")
+                         for i, split in enumerate(self.ddp_splits) if split is not None)
         if self.recompile_reasons:
             lines.append("Recompiles:")
             lines.extend(_indent(r.render()) for r in self.recompile_reasons)
@@ -170,8 +176,9 @@ def _unique_by_cost(breaks: list[Unsupported]) -> list[Unsupported]:
 
 
 def _summarize(recorder: records.Recorder) -> ExplainOutput:
-    graphs = [g.graph for g in recorder.graphs if g.graph is not None]
-    ops = [g.ops for g in recorder.graphs if g.graph is not None]
+    kept = [g for g in recorder.graphs if g.graph is not None]
+    graphs = [g.graph for g in kept]
+    ops = [g.ops for g in kept]
     times = stage_seconds([g.compile_seconds for g in recorder.graphs],
                           recorder.pipeline_timings)
     guards = [guard for g in recorder.graphs for guard in g.guards]
@@ -179,4 +186,4 @@ def _summarize(recorder: records.Recorder) -> ExplainOutput:
     return ExplainOutput(graphs, len(graphs), len(breaks), breaks,
                          sum(len(o) for o in ops), ops, guards, times,
                          list(recorder.recompiles), list(recorder.saved),
-                         [g.dynamic_dims for g in recorder.graphs if g.graph is not None])
+                         [g.dynamic_dims for g in kept], [g.ddp_split for g in kept])

@@ -92,19 +92,28 @@ def _diffs(ref: nn.Module, got: nn.Module) -> tuple[float, float]:
     return dp, dg
 
 
-def _ddp_case(name: str, wrap: str, backend: str, rank: int) -> tuple[nn.Module, nn.Module]:
+# DDP buckets small enough that each model's graph splits into 3 pieces or more
+# (kiln.capture.ddp_split): the MLP's layers hold 2.1-4.2 KB of parameters, the block's 16 KB.
+SPLIT_BUCKET_MB = {"mlp": 0.002, "block": 0.02}
+
+
+def _ddp_case(name: str, wrap: str, backend: str, rank: int,
+              split: bool = False) -> tuple[nn.Module, nn.Module]:
     import kiln
     from torch.nn.parallel import DistributedDataParallel as DDP
+    options = {"bucket_cap_mb": SPLIT_BUCKET_MB[name]} if split else {}
+    if split:  # captured afresh: the split (and its record) happens at capture, in this case
+        kiln.reset()
     torch.manual_seed(0)
     base = MAKERS[name]()
-    ref = DDP(copy.deepcopy(base))
+    ref = DDP(copy.deepcopy(base), **options)
     _train(ref, ref.parameters(), name, rank)
     inner = copy.deepcopy(base)
     if wrap == "compile(DDP)":
-        ddp = DDP(inner)
+        ddp = DDP(inner, **options)
         run = kiln.compile(ddp, backend=backend)
     else:
-        ddp = DDP(kiln.compile(inner, backend=backend))
+        ddp = DDP(kiln.compile(inner, backend=backend), **options)
         run = ddp
     _train(run, ddp.parameters(), name, rank)
     return ref.module, inner
@@ -163,6 +172,8 @@ def _cases() -> dict[str, Callable[[int], Any]]:
             for wrap in ("compile(DDP)", "DDP(compile)"):
                 cases[f"ddp-{name}-{wrap}-{backend}"] = (
                     lambda rank, n=name, w=wrap, b=backend: _ddp_case(n, w, b, rank))
+                cases[f"ddp-split-{name}-{wrap}-{backend}"] = (
+                    lambda rank, n=name, w=wrap, b=backend: _ddp_case(n, w, b, rank, True))
         for how in ("layers", "whole"):
             cases[f"fsdp2-{how}-{backend}"] = (
                 lambda rank, h=how, b=backend: _fsdp_case(h, b, rank))
@@ -189,7 +200,10 @@ def _run_case(case: Callable[[int], Any], rank: int) -> dict[str, Any]:
         param, grad = _diffs(*result)
         diffs = {"param": param, "grad": grad}
     return {**diffs, "graph_runs": GRAPH_RUNS[0] - runs,
-            "breaks": sorted({b.code for b in recorder.breaks})}
+            "breaks": sorted({b.code for b in recorder.breaks}),
+            # per graph split at DDP bucket boundaries: its pieces' parameter bytes
+            "splits": [[p.nbytes for p in g.ddp_split.pieces]
+                       for g in recorder.graphs if g.ddp_split is not None]}
 
 
 def run_rank(rank: int, world: int, init: str, out_dir: str) -> None:

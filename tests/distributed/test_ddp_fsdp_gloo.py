@@ -96,6 +96,7 @@ def _check_training(per_rank: list[dict], name: str) -> None:
 
 DDP_CASES = [f"ddp-{m}-{w}-{b}" for b in ("aot_eager", "kiln") for m in ("mlp", "block")
              for w in ("compile(DDP)", "DDP(compile)")]
+SPLIT_CASES = [name.replace("ddp-", "ddp-split-", 1) for name in DDP_CASES]
 
 
 @pytest.mark.parametrize("name", DDP_CASES)
@@ -108,6 +109,26 @@ def test_ddp_matches_eager(results: list[dict], name: str) -> None:
         assert set(r["breaks"]) <= allowed, r["breaks"]
     if name == DDP_CASES[0]:
         assert per_rank[0]["breaks"] == ["distributed-wrapper"], per_rank[0]["breaks"]
+    for r in per_rank:  # the default buckets (25 MiB, first 1 MiB) hold these models whole
+        assert r["splits"] == [], r["splits"]
+
+
+@pytest.mark.parametrize("name", SPLIT_CASES)
+def test_ddp_split_at_buckets_matches_eager(results: list[dict], name: str) -> None:
+    """With a small bucket_cap_mb the graph is split into 3 pieces or more, each compiled on its
+    own (one backward node each, so DDP can reduce a bucket while the backward goes on), and
+    training still equals eager DDP's on both ranks."""
+    import gloo_cases
+    per_rank = _case(results, name)
+    _check_training(per_rank, name)
+    cap = int(gloo_cases.SPLIT_BUCKET_MB[name.split("-")[2]] * 2**20)
+    for rank, r in enumerate(per_rank):
+        assert len(r["splits"]) == 1, f"rank {rank}: {r['splits']}"  # one capture, split once
+        pieces = r["splits"][0]
+        assert len(pieces) >= 3, f"rank {rank}: {pieces}"
+        # each piece but the first (which takes what is left) reached the cap
+        assert all(nbytes >= cap for nbytes in pieces[1:]), (cap, pieces)
+    assert per_rank[0]["splits"] == per_rank[1]["splits"]
 
 
 @pytest.mark.parametrize("name", [f"fsdp2-{h}-{b}" for b in ("aot_eager", "kiln")
@@ -133,6 +154,6 @@ def test_collectives_run_natively_not_dropped(results: list[dict]) -> None:
 
 def test_every_case_is_tested(results: list[dict]) -> None:
     import gloo_cases
-    tested = set(DDP_CASES) | {f"fsdp2-{h}-{b}" for b in ("aot_eager", "kiln")
+    tested = set(DDP_CASES) | set(SPLIT_CASES) | {f"fsdp2-{h}-{b}" for b in ("aot_eager", "kiln")
                                for h in ("layers", "whole")} | {"collectives"}
     assert set(gloo_cases.CASES) == tested
