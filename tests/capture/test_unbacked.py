@@ -196,3 +196,22 @@ def test_kiln_backend_runs_data_dependent_graphs_as_torch_ops(monkeypatch, caplo
         _check_calls(compiled, _nonzero_rows)
     assert len(returned) == 1 and isinstance(returned[0], torch.fx.GraphModule)
     assert not compiles, "the code generator compiled a graph with data-dependent sizes"
+
+
+@pytest.mark.parametrize("make_backend", [CountingBackend, CountingAot], ids=["eager", "aot_eager"])
+def test_data_dependent_size_next_to_a_symbolic_input_size(make_backend, recorder, capture_flags):
+    def f(x):
+        kept = x[x > 0]
+        return kept.sum() + x.shape[0], (x * kept.shape[0]).mean(0), torch.zeros(kept.shape[0])
+
+    backend = make_backend()
+    compiled = kiln.compile(f, backend=backend)
+    for n in (3, 4, 5, 7):
+        x = torch.randn(n, 3)
+        assert_same_structure_and_values(f(x.clone()), compiled(x), rtol=1e-5, atol=1e-5)
+    assert backend.count == 2  # the first call static, the second with x.shape[0] symbolic
+    dims = recorder.graphs[-1].dynamic_dims
+    assert dims[0].startswith("x.shape[0]") and "data-dependent: indexing" in dims[1]
+    shape_guards = {g.expr for g in recorder.graphs[-1].guards if g.kind == "shape"}
+    # no guard on the data-dependent size: it is not an input
+    assert shape_guards == {"x.dim() == 2", "x.shape[1] == 3", "x.shape[0] >= 2"}, shape_guards
