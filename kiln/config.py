@@ -92,6 +92,17 @@ _FIELDS: dict[str, _Field] = {
                            "split a graph captured under DistributedDataParallel at its "
                            "gradient-bucket boundaries and compile each piece on its own "
                            "(kiln.capture.ddp_split; docs/distributed.md)"),
+    # Issue 15, stage D: off by default, as torch.compile's flags of the same names: an op
+    # whose output size depends on values breaks the graph; on, its size is an unbacked
+    # symbol (u0) and capture goes on (docs/dynamic_shapes.md, stage D).
+    "capture_dynamic_output_shape_ops": _Field(
+        False, bool, "KILN_CAPTURE_DYNAMIC_OUTPUT_SHAPE_OPS",
+        "capture ops whose output size depends on tensor values (nonzero, masked_select, "
+        "x[bool_mask], unique) with data-dependent sizes instead of breaking the graph"),
+    "capture_scalar_outputs": _Field(
+        False, bool, "KILN_CAPTURE_SCALAR_OUTPUTS",
+        "capture tensor.item() / tolist() as data-dependent numbers in the graph instead of "
+        "breaking it"),
     # Off by default: its ResNet-50 gain (5.1 -> 3.5 ms of kernels, 4.0 ms in a kiln-only run)
     # did not show in a run beside eager and torch.compile (5.38 ms), and NHWC convolutions give
     # float32 results off eager's by TF32 algorithm differences (benchmarks/RESULTS.md,

@@ -50,7 +50,8 @@ class GraphRecord:
     ops: list[Any]
     guards: list[GuardRecord]
     compile_seconds: dict[str, float]
-    # the graph's symbolic input dims, each with why: "x.shape[0] (dynamic=True)"
+    # the graph's symbolic input dims, each with why: "x.shape[0] (dynamic=True)"; then its
+    # data-dependent sizes: "u0 (data-dependent: Tensor.nonzero at f.py:4)"
     dynamic_dims: tuple[str, ...] = ()
     ddp_split: DDPSplitRecord | None = None  # set when the graph was split for DDP buckets
 

@@ -42,6 +42,8 @@ def test_defaults():
         "channels_last": False,
         "symbolic_kernels": True,
         "optimize_ddp": True,
+        "capture_dynamic_output_shape_ops": False,
+        "capture_scalar_outputs": False,
     }
 
 
@@ -64,6 +66,12 @@ def test_env_int_str(env):
     assert config.recompile_limit == 3
     assert config.debug_dir == "/tmp/kd"
     assert config.default_backend == "inductor"
+
+
+def test_env_capture_flags(env):
+    env(KILN_CAPTURE_DYNAMIC_OUTPUT_SHAPE_OPS="1", KILN_CAPTURE_SCALAR_OUTPUTS="yes")
+    assert config.capture_dynamic_output_shape_ops is True
+    assert config.capture_scalar_outputs is True
 
 
 def test_bad_bool_names_variable(env):

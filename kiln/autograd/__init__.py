@@ -39,7 +39,7 @@ import torch
 from kiln.autograd.compiled_graph import (CompiledGraph, Compilers, DoubleBackwardError,
                                           identity_compiler)
 from kiln.autograd.joint import AutogradUnsupported, JointGraph, OutputInfo, TensorSpec
-from kiln.autograd.symbolic import SymbolicUnsupported, is_symbolic_graph
+from kiln.autograd.symbolic import SymbolicUnsupported, has_unbacked_sizes, is_symbolic_graph
 from kiln.autograd.trace import trace_inference, trace_joint
 
 __all__ = [
@@ -52,6 +52,7 @@ __all__ = [
     "SymbolicUnsupported",
     "TensorSpec",
     "aot_compile",
+    "has_unbacked_sizes",
     "identity_compiler",
     "is_symbolic_graph",
     "trace_inference",

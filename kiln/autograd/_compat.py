@@ -17,7 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from kiln.capture._compat import new_fake_mode  # one factory for every stage (capture's floor)
 from kiln.capture._compat import (SYM_SIZE, SYM_STORAGE_OFFSET, SYM_STRIDE, SYM_TYPES,
-                                  SymbolPrinter, is_symbolic)
+                                  SymbolPrinter, is_symbolic, unbacked_symbols)
 
 __all__ = [
     "SYMPY_CALLS",
@@ -26,6 +26,7 @@ __all__ = [
     "SYM_STRIDE",
     "SYM_TYPES",
     "SymbolPrinter",
+    "unbacked_symbols",
     "FakeTensor",
     "FakeTensorMode",
     "OpOverload",

@@ -17,7 +17,9 @@ the forward leaves the Function as its base and is viewed again outside (`_ViewO
 autograd forbids in-place writes on views created inside a custom Function, which eager allows.
 
 A variant the autograd stage refuses (AutogradUnsupported), and a call whose mutated inputs share
-memory with another input, run the captured graph eagerly instead, with the reason logged.
+memory with another input, run the captured graph eagerly instead, with the reason logged; so
+does every variant of a graph with data-dependent sizes (unbacked symbols: `nonzero`, `item()`,
+docs/dynamic_shapes.md stage D), logged once at INFO.
 
 Symbolic sizes (`symbolic=True` and a graph captured with symbolic sizes): each variant is
 traced once with the capture's symbolic sizes and serves every size (`SymbolicVariant`); the
@@ -42,12 +44,12 @@ from kiln.autograd.epilogue import Epilogue
 from kiln.autograd.mutation import is_leaf_write
 from kiln.autograd.joint import AutogradUnsupported, JointGraph, TensorSpec
 from kiln.autograd.size_variants import PerSizeVariants, SymbolicVariant, unwrap_variants
-from kiln.autograd.symbolic import (SizeConditions, SizeFunction, is_symbolic_graph,
-                                    is_symbolic_value)
+from kiln.autograd.symbolic import (SizeConditions, SizeFunction, has_unbacked_sizes,
+                                    is_symbolic_graph, is_symbolic_value)
 from kiln.autograd.trace import lifted_attributes, trace_inference, trace_joint
 from kiln.errors import KilnError
 from kiln import records
-from kiln.logs import artifact_enabled, artifact_logger, warn_once
+from kiln.logs import artifact_enabled, artifact_logger, info_once, warn_once
 
 __all__ = ["Compilers", "CompiledGraph", "DoubleBackwardError", "EagerVariant", "InferenceVariant",
            "TrainingVariant", "identity_compiler"]
@@ -95,6 +97,8 @@ class CompiledGraph:
         # with symbolic sizes in the captured graph, each variant is traced once for every
         # size (`symbolic.py`), falling back to a trace per size (`size_variants.py`)
         self.symbolic = symbolic and is_symbolic_graph(gm)
+        # data-dependent sizes (stage D) are followed by neither trace: run the graph as is
+        self.unbacked = has_unbacked_sizes(gm)
         # the capture's guards end here: what any trace adds later is checked per call
         self.shape_env = _compat.shape_env_of(_fake_args(gm)) if self.symbolic else None
         self.capture_guards = _compat.guard_count(self.shape_env) if self.symbolic else 0
@@ -142,6 +146,8 @@ class CompiledGraph:
         return variant.fn, variant.epilogue
 
     def _compile(self, args: list, training: bool) -> Callable[[list], Any]:
+        if self.unbacked:
+            return self._unbacked_variant(args)
         if not self.symbolic:
             return self._compile_static(args, training)
         per_size = PerSizeVariants(functools.partial(self._compile_static, training=training),
@@ -152,6 +158,16 @@ class CompiledGraph:
             return per_size
         variant, conditions = symbolic
         return SymbolicVariant(variant, conditions, per_size)
+
+    def _unbacked_variant(self, args: list) -> EagerVariant:
+        """The captured graph as torch ops (eager autograd gives its gradients): its sizes
+        depend on values (`nonzero`), which neither the symbolic trace (no input carries them)
+        nor a trace per input size (the same input sizes give other output sizes) can follow."""
+        info_once("autograd-unbacked",
+                  "kiln: a graph with data-dependent sizes (nonzero, masked_select, item(), "
+                  "...) runs as torch ops: the autograd stage does not trace unbacked sizes yet",
+                  log)
+        return EagerVariant(self.gm, len(args) - len(self.lifted))
 
     def _symbolic_positions(self) -> list[int]:
         placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]

@@ -30,7 +30,7 @@ from kiln.autograd import _compat
 from kiln.autograd.joint import AutogradUnsupported
 
 __all__ = ["SizeConditions", "SizeFunction", "SizeNodes", "SizeSymbols", "SymbolicUnsupported",
-           "is_symbolic_graph", "is_symbolic_value"]
+           "has_unbacked_sizes", "is_symbolic_graph", "is_symbolic_value"]
 
 
 class SymbolicUnsupported(AutogradUnsupported):
@@ -50,6 +50,20 @@ def is_symbolic_graph(gm: torch.fx.GraphModule) -> bool:
     symbolic sizes (`meta["val"]` of its placeholders)."""
     return any(is_symbolic_value(n.meta.get("val")) for n in gm.graph.nodes
                if n.op == "placeholder")
+
+
+def has_unbacked_sizes(gm: torch.fx.GraphModule) -> bool:
+    """Whether some value of `gm` has a data-dependent size or is a data-dependent number (an
+    unbacked symbol, stage D: `nonzero`'s count, `item()`): sizes no input carries, so neither a
+    trace per input size nor `SizeSymbols` can follow them."""
+    for node in gm.graph.nodes:
+        if node.meta.get("unbacked_bindings"):
+            return True
+        leaves, _ = _compat.tree_flatten(node.meta.get("val"))
+        if any(_compat.unbacked_symbols(v) for v in leaves
+               if isinstance(v, (torch.Tensor, *_compat.SYM_TYPES))):
+            return True
+    return False
 
 
 class SizeSymbols:

@@ -13,6 +13,10 @@ Two shortcuts around the full pipeline:
 - Warm start (`config.warm_start`): an inference graph compiled before, in any process, is
   rebuilt from the disk cache before any tracing (`warm_start.py`).
 
+A graph with data-dependent sizes (`nonzero`, `item()` captured with kiln.config's `capture_*`
+flags: unbacked symbols) runs as torch ops, logged once at INFO: nothing below capture follows
+such sizes, and neither per-size compiles nor the warm start may key on input sizes for it.
+
 Inputs the code generator does not handle (complex or other dtypes outside `SUPPORTED_DTYPES`,
 devices other than CUDA and CPU, sparse tensors) make that graph run as torch ops, with one
 warning per kind of input.
@@ -26,7 +30,7 @@ from typing import Any, Callable
 
 import torch
 
-from kiln.autograd import aot_compile
+from kiln.autograd import aot_compile, has_unbacked_sizes
 from kiln.backends.per_size import per_size, symbolic_inputs, symbolic_or_per_size
 from kiln.backends.registry import register_backend
 from kiln.config import config
@@ -62,6 +66,15 @@ def kiln_backend(gm: torch.fx.GraphModule, example_inputs: list, *, mode: str | 
         warn_once(("kiln-unsupported-input", unsupported),
                   f"kiln backend: a graph input is {unsupported}, which kiln's code generator "
                   "does not handle; graphs with such inputs run as torch ops (eager)", log)
+        return gm
+    if has_unbacked_sizes(gm):
+        # generated kernels and wrappers size buffers from the inputs' sizes; a data-dependent
+        # size (`nonzero`'s count) is none of them, and a kernel built for one call's count
+        # would be wrong for the next with the same input sizes
+        info_once("kiln-unbacked",
+                  "kiln backend: a graph with data-dependent sizes (nonzero, masked_select, "
+                  "item(), ...) runs as torch ops; the code generator does not handle unbacked "
+                  "sizes yet", log)
         return gm
     if _on_cpu(example_inputs):
         _check_interpreter()

@@ -12,7 +12,8 @@ __all__ = ["FakeTensor", "FakeTensorMode", "autocast_state", "new_fake_mode", "i
            "is_symbolic", "symbol_of",
            "concrete", "hint", "shape_env_facts", "SymbolPrinter", "SYM_SIZE", "SYM_STRIDE",
            "SYM_NUMEL", "SYM_STORAGE_OFFSET", "active_ddp_module", "ddp_bucket_caps",
-           "ddp_ignored"]
+           "ddp_ignored", "UnbackedGuardError", "bind_unbacked", "unbacked_symbols",
+           "needs_scalar_outputs"]
 
 try:  # where torch raises when a fake tensor's value would be needed
     from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
@@ -20,6 +21,7 @@ try:  # where torch raises when a fake tensor's value would be needed
         DataDependentOutputException, DynamicOutputShapeException)
 except ImportError:  # pragma: no cover - older torch
     DataDependentError = ()
+    DynamicOutputShapeException = DataDependentOutputException = ()  # type: ignore[misc]
 
 _AUTOCAST_DEVICES = ("cpu", "cuda")
 _any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None)
@@ -67,14 +69,17 @@ SYM_NUMEL = torch.ops.aten.sym_numel.default
 SYM_STORAGE_OFFSET = torch.ops.aten.sym_storage_offset.default
 
 
-def new_symbolic_fake_mode() -> FakeTensorMode:
+def new_symbolic_fake_mode(dynamic_output_shapes: bool = False,
+                           scalar_outputs: bool = False) -> FakeTensorMode:
     """Capture's fake mode: with a ShapeEnv, so chosen dims can be symbolic. Static tensors
     (`from_tensor(static_shapes=True)`) behave as without one. Ops whose output size depends on
-    values (`nonzero`) and scalar outputs (`item`) still raise, so they break the graph as
-    before (unbacked sizes are stage D). No duck sizing: two dims equal by chance at capture
-    stay separate symbols, so the next call need not keep them equal (an op that needs them
-    equal records that as a guard)."""
-    shape_env = ShapeEnv(allow_scalar_outputs=False, allow_dynamic_output_shape_ops=False,
+    values (`nonzero`) and scalar outputs (`item`) raise, so they break the graph, unless
+    `dynamic_output_shapes` / `scalar_outputs` (kiln.config's `capture_*` flags): then their
+    sizes and values are unbacked symbols (`u0`, stage D). No duck sizing: two dims equal by
+    chance at capture stay separate symbols, so the next call need not keep them equal (an op
+    that needs them equal records that as a guard)."""
+    shape_env = ShapeEnv(allow_scalar_outputs=scalar_outputs,
+                         allow_dynamic_output_shape_ops=dynamic_output_shapes,
                          duck_shape=False, specialize_zero_one=True)
     return FakeTensorMode(shape_env=shape_env, allow_non_fake_inputs=False)
 
@@ -192,3 +197,33 @@ def ddp_ignored(param: torch.Tensor) -> bool:
     """A parameter DDP was told to leave alone (`_set_params_and_buffers_to_ignore_for_model`):
     it has no bucket."""
     return bool(getattr(param, "_ddp_ignored", False))
+
+
+# -- data-dependent sizes (stage D): unbacked symbols -------------------------------------------
+# With capture's `capture_*` flags on, `nonzero` / `item` give SymInts (`u0`) that no input
+# carries: their value is known only once the graph runs. Python code that decides on one
+# (`if idx.shape[0] > 0:`) makes torch raise GuardOnDataDependentSymNode: a graph break.
+from torch.fx.experimental.symbolic_shapes import (  # noqa: E402
+    GuardOnDataDependentSymNode, compute_unbacked_bindings, free_unbacked_symbols)
+
+UnbackedGuardError = GuardOnDataDependentSymNode
+
+
+def bind_unbacked(fake_mode: FakeTensorMode, value: Any) -> dict | None:
+    """The unbacked symbols `value` (an op's fake result) introduced, each with where it sits in
+    the value (`.size()[0]`), as torch's passes read `meta["unbacked_bindings"]`; None when it
+    introduced none. Claims them from the ShapeEnv's pending list, as Dynamo does per node."""
+    if fake_mode.shape_env is None:
+        return None
+    return compute_unbacked_bindings(fake_mode.shape_env, value)
+
+
+def unbacked_symbols(value: Any) -> set:
+    """The unbacked symbols in a value's sizes (a tensor, a SymInt, or a container of them)."""
+    return set(free_unbacked_symbols(value))
+
+
+def needs_scalar_outputs(err: BaseException) -> bool:
+    """Whether a data-dependent error came from a scalar output (`item`) rather than an op
+    with a data-dependent output size (`nonzero`): which capture flag would avoid it."""
+    return isinstance(err, DataDependentOutputException)

@@ -351,7 +351,7 @@ def _capture(fn: types.FunctionType, f_locals: dict[str, Any], cache: CodeCache,
         code.co_qualname, entry_code.gm,
         [n.target for n in entry_code.gm.graph.nodes if n.op.startswith("call")]
         if entry_code.gm is not None else [],
-        [g.record() for g in guards], times, output.symbolic.describe(output.fake_mode),
+        [g.record() for g in guards], times, output.describe_dims(),
         split.record if split is not None else None))
     return CacheEntry(guards, entry_code.body, namespace, [MODULE_VERSION[0]],
                       _id_key(tuple(f_locals.values())), entry_code.gm)

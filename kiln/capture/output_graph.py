@@ -7,12 +7,14 @@ its source. Nodes carry the user line (`meta["user_location"]`, `meta["stack_tra
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+import operator
+from typing import TYPE_CHECKING, Any, Callable, NoReturn
 
 import torch
 import torch.fx
 
 from kiln.capture import _compat
+from kiln.config import config
 from kiln.capture.dynamic_dims import DynamicPolicy
 from kiln.capture.guards import Constants, GuardSet
 from kiln.capture.shape_guards import SymbolicInputs
@@ -23,7 +25,7 @@ if TYPE_CHECKING:
     from kiln.capture.variables.scalars import SymScalarVT
     from kiln.capture.variables.tensor import TensorVT
 
-__all__ = ["OutputGraph", "GraphInput"]
+__all__ = ["OutputGraph", "GraphInput", "unbacked_guard_break"]
 
 
 class GraphInput:
@@ -40,9 +42,11 @@ class OutputGraph:
                  dynamic_scalars: frozenset[str] = frozenset(), trace_numpy: bool = True,
                  dynamic: DynamicPolicy | None = None) -> None:
         self.graph = torch.fx.Graph()
-        self.fake_mode = _compat.new_symbolic_fake_mode()
+        self.fake_mode = _compat.new_symbolic_fake_mode(
+            config.capture_dynamic_output_shape_ops, config.capture_scalar_outputs)
         self.dynamic = dynamic if dynamic is not None else DynamicPolicy()
         self.symbolic = SymbolicInputs()  # the symbolic dims of the inputs, for their guards
+        self.unbacked: dict[Any, str] = {}  # data-dependent symbol -> what made it (stage D)
         self._size_nodes: dict[tuple, SymScalarVT] = {}
         self.consts = consts if consts is not None else Constants()
         self.guards = GuardSet(self.consts)
@@ -117,6 +121,13 @@ class OutputGraph:
         for guard in self.symbolic.guards(self.fake_mode):
             self.guards.add(guard)
 
+    def describe_dims(self) -> tuple[str, ...]:
+        """For explain: the symbolic input dims and why, then the data-dependent sizes the
+        graph still computes (`u0 (data-dependent: Tensor.nonzero at f.py:4)`)."""
+        live = {s for n in self.graph.nodes for s in n.meta.get("unbacked_bindings", ())}
+        return self.symbolic.describe(self.fake_mode) + \
+            tuple(text for symbol, text in self.unbacked.items() if symbol in live)
+
     def drop_dead_sizes(self, keep: list[torch.fx.Node]) -> None:
         """Erase the size arithmetic nothing uses but the `keep` outputs: a branch's
         `x.shape[0] > 4` was decided at capture and lives on as a guard, not as a node."""
@@ -146,13 +157,15 @@ class OutputGraph:
         """Add a node and compute its fake value by calling `fake_fn` under the fake mode."""
         node = self.graph.create_node(op, target, args, kwargs)
         try:
-            with self.fake_mode, _compat.symbolic_dispatch(bool(self.symbolic)):
+            with self.fake_mode, _compat.symbolic_dispatch(self.has_symbols()):
                 value = fake_fn()
         except _compat.DataDependentError as err:
             self.graph.erase_node(node)
             unsupported("data-dependent", f"the result depends on tensor values "
-                        f"({type(err).__name__})", hint="keep the value as a tensor, or move this "
-                        "code out of the compiled function")
+                        f"({type(err).__name__})", hint=_data_dependent_hint(err))
+        except _compat.UnbackedGuardError as err:
+            self.graph.erase_node(node)
+            unbacked_guard_break(err)
         except Exception as err:
             self.graph.erase_node(node)
             unsupported("op-failed", f"{_target_name(target)} failed on the traced values: "
@@ -160,7 +173,25 @@ class OutputGraph:
                         hint="run the function eagerly with the same inputs to see the error")
         node.meta["val"] = value
         self._attach_location(node)
+        self._note_unbacked(node, target, value)
         return node, value
+
+    def has_symbols(self) -> bool:
+        """Symbolic input sizes or data-dependent ones: fake computations then run under
+        torch's Python dispatcher (`_compat.symbolic_dispatch`)."""
+        return bool(self.symbolic) or bool(self.unbacked)
+
+    def _note_unbacked(self, node: torch.fx.Node, target: Any, value: Any) -> None:
+        """Record the data-dependent symbols an op's result introduced (`nonzero`'s `u0`):
+        torch's passes find them through `meta["unbacked_bindings"]`, explain names them."""
+        bindings = _compat.bind_unbacked(self.fake_mode, value)
+        if not bindings:
+            return
+        node.meta["unbacked_bindings"] = bindings
+        where = node.meta.get("user_location", "")
+        for symbol in bindings:
+            self.unbacked[symbol] = f"{symbol} (data-dependent: {_origin(target)}" \
+                                    f"{' at ' + where if where else ''})"
 
     def _attach_location(self, node: torch.fx.Node) -> None:
         stack = self.current_tx.location_stack() if self.current_tx is not None else []
@@ -177,6 +208,36 @@ class OutputGraph:
 
     def call_count(self) -> int:
         return sum(1 for n in self.graph.nodes if n.op in ("call_function", "call_method"))
+
+
+def unbacked_guard_break(err: BaseException) -> NoReturn:
+    """A break where the code decides on a data-dependent size or number (`if n > 0:` on a
+    `nonzero` count, `x.view(n // 2, 2)`): its value is known only when the graph runs."""
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    unsupported("data-dependent", f"a decision on a data-dependent size or value ({first})",
+                hint="keep the computation in tensors (torch.where, masks) instead of Python "
+                     "branches or shapes on the value")
+
+
+def _data_dependent_hint(err: BaseException) -> str:
+    """The flag that captures what broke the graph (torch.compile's flag of the same name)."""
+    if _compat.needs_scalar_outputs(err):
+        flag, env = "capture_scalar_outputs", "KILN_CAPTURE_SCALAR_OUTPUTS"
+    else:
+        flag, env = "capture_dynamic_output_shape_ops", "KILN_CAPTURE_DYNAMIC_OUTPUT_SHAPE_OPS"
+    return f"set kiln.config.{flag} = True ({env}=1) to capture it with a data-dependent " \
+           "size, or keep the value as a tensor"
+
+
+def _origin(target: Any) -> str:
+    """The op that made a data-dependent size, as the user wrote it (`torch.masked_select`,
+    `Tensor.nonzero`, `indexing` for `x[mask]`)."""
+    if target is operator.getitem:
+        return "indexing"
+    if not isinstance(target, str) and \
+            (getattr(target, "__module__", "") or "").startswith("torch"):
+        return f"torch.{target.__name__}"
+    return _target_name(target)
 
 
 def _target_name(target: Any) -> str:

@@ -12,6 +12,7 @@ import sys
 import types
 from typing import TYPE_CHECKING, Any
 
+from kiln.capture import _compat
 from kiln.capture.bytecode import decode
 from kiln.capture.bytecode.emit import NULL_ABOVE_CALLABLE
 from kiln.capture.sources import ConstSource, Global, Item, Source
@@ -72,6 +73,8 @@ class Translator:
             raise
         except StopAtBreak:
             raise
+        except _compat.UnbackedGuardError as err:  # Python decided on a `nonzero` count, ...
+            self._data_dependent(err)
         except Exception as err:  # a kiln bug: never crash the user's program over it
             _log.debug("internal error while capturing", exc_info=True)
             wrapped = Unsupported("internal-error", f"kiln failed while capturing: "
@@ -85,6 +88,17 @@ class Translator:
         finally:
             self.output.current_tx = previous
         return self.result
+
+    def _data_dependent(self, err: BaseException) -> None:
+        """A decision on a data-dependent size is a graph break, located like any other."""
+        from kiln.capture.output_graph import unbacked_guard_break
+        try:
+            unbacked_guard_break(err)
+        except Unsupported as wrapped:
+            wrapped.frames.append(self.location())
+            if self.parent is None:
+                wrapped.root_index = self.inst.index
+            raise wrapped from err
 
     def step(self) -> None:
         if self.ip == self.break_at:

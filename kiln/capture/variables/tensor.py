@@ -2,7 +2,8 @@
 
 Metadata reads (`x.shape`, `x.dtype`, `x.dim()`) are answered from the fake value at compile time
 and become constants (the input guards make that safe); tensor computations become graph nodes.
-Anything that needs a tensor's *values* in Python (`.item()`, `bool(x)`, `.tolist()`) stops capture.
+Anything that needs a tensor's *values* in Python (`.item()`, `bool(x)`, `.tolist()`) stops capture;
+with `config.capture_scalar_outputs`, `.item()` / `.tolist()` give data-dependent numbers instead.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import torch.fx
 
 from kiln.capture import _compat
 from kiln.capture.sources import Source
+from kiln.config import config
 from kiln.capture.unsupported import Unsupported, unsupported
 from kiln.capture.variables.base import VT, ConstantVT
 from kiln.capture.variables.scalars import VALUE_ONLY_TARGETS, SymScalarVT, specialize_all
@@ -46,6 +48,10 @@ _VALUE_METHODS = {
     "untyped_storage": "reads tensor storage",
 }
 _INPLACE_KEEP = frozenset({operator.setitem})
+# value methods that kiln.config.capture_scalar_outputs captures, with the break's hint
+_SCALAR_FLAG = "set kiln.config.capture_scalar_outputs = True (KILN_CAPTURE_SCALAR_OUTPUTS=1) " \
+               "to capture it as a data-dependent number, or keep the computation in tensors"
+_SCALAR_OUTPUTS = {"item": _SCALAR_FLAG, "tolist": _SCALAR_FLAG}
 
 
 class TensorVT(VT):
@@ -117,10 +123,14 @@ class TensorMethodVT(VT):
             array = ndarray_from_tensor(tx, self.tensor, args, kwargs)
             if array is not None:
                 return array
+        if name in _SCALAR_OUTPUTS and config.capture_scalar_outputs and not args and \
+                not kwargs:
+            return scalar_outputs(tx, self.tensor, name)
         if name in _VALUE_METHODS:
             unsupported(f"tensor-{name.strip('_')}", f"tensor.{name}() {_VALUE_METHODS[name]}",
-                        category="fundamental",
-                        hint="keep the computation in tensors, or move it out of the function")
+                        category="fundamental", hint=_SCALAR_OUTPUTS.get(
+                            name, "keep the computation in tensors, or move it out of the "
+                                  "function"))
         if name in _METADATA_METHODS:
             fake_args = [to_graph_args(a)[1] for a in specialize_all(args)]
             fake_kwargs = {k: to_graph_args(v)[1] for k, v in specialize_all(kwargs).items()}
@@ -130,6 +140,22 @@ class TensorMethodVT(VT):
         if name == "type" and not args and not kwargs:
             return ConstantVT(self.tensor.fake.type())
         return graph_call(tx, "call_method", name, [self.tensor, *args], kwargs)
+
+
+def scalar_outputs(tx: Translator, tensor: TensorVT, name: str) -> VT:
+    """`tensor.item()` as a graph node whose value is a data-dependent number (an unbacked
+    symbol); `tensor.tolist()` as one `item()` per element (nested lists by static dims)."""
+    from kiln.capture.variables.containers import ListVT
+    if name == "item" or tensor.fake.dim() == 0:
+        return graph_call(tx, "call_method", "item", [tensor], {})
+    length = tensor.fake.shape[0]
+    if _compat.is_symbolic(length):
+        unsupported("tensor-tolist", "tensor.tolist() of a tensor with a symbolic size: the "
+                    "list's length is not known while capturing",
+                    hint="index the tensor instead of converting it to a list")
+    rows = [graph_call(tx, "call_function", operator.getitem, [tensor, ConstantVT(i)], {})
+            for i in range(int(length))]
+    return ListVT([scalar_outputs(tx, row, name) for row in rows])
 
 
 def size_vt(tx: Translator, tensor: TensorVT) -> VT:
