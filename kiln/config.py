@@ -103,6 +103,13 @@ _FIELDS: dict[str, _Field] = {
         False, bool, "KILN_CAPTURE_SCALAR_OUTPUTS",
         "capture tensor.item() / tolist() as data-dependent numbers in the graph instead of "
         "breaking it"),
+    # Off until measured and tested on the H200 (built on a CPU-only day): symbolic kernels
+    # launch through fn[grid] (~20 us of Python each), which dynamic-shape calls at small
+    # sizes feel; on, they take the bound route static kernels take (kiln.runtime.launcher).
+    "symbolic_bound_launch": _Field(False, bool, "KILN_SYMBOLIC_BOUND_LAUNCH",
+                                    "kernels with symbolic sizes launch through the bound "
+                                    "route (C launcher called directly, grid computed in the "
+                                    "generated launch function) instead of fn[grid]"),
     # Off by default: its ResNet-50 gain (5.1 -> 3.5 ms of kernels, 4.0 ms in a kiln-only run)
     # did not show in a run beside eager and torch.compile (5.38 ms), and NHWC convolutions give
     # float32 results off eager's by TF32 algorithm differences (benchmarks/RESULTS.md,

@@ -41,6 +41,7 @@ def test_defaults():
         "tile_pointwise": True,
         "channels_last": False,
         "symbolic_kernels": True,
+        "symbolic_bound_launch": False,
         "optimize_ddp": True,
         "capture_dynamic_output_shape_ops": False,
         "capture_scalar_outputs": False,

@@ -47,7 +47,7 @@ from kiln.lower.index import size_names
 from kiln.lower.ir import ComputedBuffer, IRGraph, Origin, Reduction, loop_vars
 from kiln.schedule import FusedGroup
 
-__all__ = ["KernelSpec", "emit_group", "emit_kernel", "next_power_of_2"]
+__all__ = ["KernelSpec", "emit_group", "emit_kernel", "grid_source", "next_power_of_2"]
 
 _PRELUDE = '''import os
 
@@ -335,9 +335,19 @@ def _source(group: FusedGroup, config: KernelConfig, name: str, printer: TritonP
             notes: Sequence[str] = (), size_args: tuple[str, ...] = ()) -> str:
     arg_names = tuple(printer.loads.values()) + tuple(printer.stores.values()) + size_args
     src = "\n".join(_header(group, config, red_class, notes)) + "\n" + _PRELUDE
-    src += "\n\n@triton.jit\n"
+    src += "\n\n" + _jit_decorator(size_args) + "\n"
     src += f"def {name}({', '.join(arg_names + constexprs)}):\n"
     return src + "".join(f"    {line}\n" for line in lines)
+
+
+def _jit_decorator(size_args: tuple[str, ...]) -> str:
+    """`@triton.jit`; size arguments unspecialized: Triton would otherwise compile one binary
+    per size class (a size of 1, a multiple of 16, any other) and pick it at every launch,
+    where one binary serves every size (masks are on for symbolic extents anyway), and the
+    bound launch route needs one binary per argument dtypes (runtime/launcher.py)."""
+    if not size_args:
+        return "@triton.jit"
+    return f"@triton.jit(do_not_specialize={list(size_args)!r})"
 
 
 def _spec(group: FusedGroup, config: KernelConfig, name: str, source: str,
@@ -425,6 +435,17 @@ def _symbolic_grid(numel: Any, meta: Mapping[str, int],
                    sizes: Mapping[str, int] | None = None) -> tuple[int, ...]:
     value = numel.evaluate(sizes or {}) if hasattr(numel, "evaluate") else numel
     return (_cdiv(int(value), meta["XBLOCK"]),)
+
+
+def grid_source(spec: KernelSpec) -> tuple[str, str, str] | None:
+    """The grid of a kernel with size arguments as three Python expressions of them (the
+    bound launch route computes it per call without evaluating an Expr), or None when its
+    grid is not `_symbolic_grid`'s."""
+    grid = spec.grid
+    if not (isinstance(grid, functools.partial) and grid.func is _symbolic_grid):
+        return None
+    xblock = int(spec.meta_dict["XBLOCK"])
+    return (f"(({grid.args[0]}) + {xblock - 1}) // {xblock}", "1", "1")
 
 
 def used_sizes(lines: Sequence[str], graph: IRGraph | None) -> tuple[str, ...]:

@@ -36,7 +36,8 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import torch
 
 from kiln.codegen.triton_build import cache_dir, compile_kernel
-from kiln.codegen.kernel import KernelSpec
+from kiln.codegen.kernel import KernelSpec, grid_source
+from kiln.config import config
 from kiln.errors import KilnError
 from kiln.runtime import binaries
 from kiln.runtime.disk_cache import configure_triton_cache
@@ -115,10 +116,12 @@ class Launcher:
 
     # -- routes ----------------------------------------------------------------------------
 
-    def _check_arity(self, tensors: Sequence[Any]) -> None:
-        if len(tensors) != len(self.spec.args):
+    def _check_arity(self, args: Sequence[Any]) -> None:
+        want = len(self.spec.args) + len(self.spec.size_args)
+        if len(args) != want:
+            sizes = f" and sizes {self.spec.size_args}" if self.spec.size_args else ""
             raise TypeError(f"{self.name} takes {len(self.spec.args)} tensors "
-                            f"{self.spec.args}, got {len(tensors)}")
+                            f"{self.spec.args}{sizes}, got {len(args)} arguments")
 
     def _generic_launch(self, *tensors: torch.Tensor, stream: int | None = None) -> None:
         self._check_arity(tensors)
@@ -129,9 +132,10 @@ class Launcher:
                 raise type(exc.__cause__)(f"{exc.__cause__} ({self.name})") from exc
             raise
 
-    def _bind_on_first_launch(self, *tensors: torch.Tensor, stream: int | None = None) -> None:
+    def _bind_on_first_launch(self, *args: Any, stream: int | None = None) -> None:
         """No dtypes were known at build time: compile for these tensors, bind, launch."""
-        self._check_arity(tensors)
+        self._check_arity(args)
+        tensors = args[:len(self.spec.args)]
         dtypes = [t.dtype for t in tensors]
         with torch.cuda.device(tensors[0].device):
             self.kernel = binaries.recall(self, dtypes)
@@ -139,14 +143,14 @@ class Launcher:
                 self.kernel = _resolve(self.warmup(dtypes))
                 binaries.remember(self, dtypes)
             self.bind()
-        self._launch(*tensors, stream=stream)
+        self._launch(*args, stream=stream)
 
     # -- compile and bind ------------------------------------------------------------------
 
     def positional(self, arg_values: Sequence[Any]) -> list[Any]:
-        """The kernel's parameters in order: `arg_values` (one per spec arg) for the pointer
-        parameters, the meta values for the constexprs."""
-        by_name = dict(zip(self.spec.arg_names, arg_values))
+        """The kernel's parameters in order: `arg_values` (one per spec arg, then one per size
+        argument) for the pointer and size parameters, the meta values for the constexprs."""
+        by_name = dict(zip((*self.spec.arg_names, *self.spec.size_args), arg_values))
         out = []
         for param in self.fn.arg_names:
             if param in by_name:
@@ -161,8 +165,11 @@ class Launcher:
 
     def warmup(self, dtypes: Sequence[torch.dtype]) -> Any:
         """Compile for pointer arguments of these dtypes (no tensors needed): a CompiledKernel,
-        or a FutureKernel inside `triton.AsyncCompileMode`."""
-        return self.fn.warmup(*self.positional(dtypes), grid=self.grid, **self.options)
+        or a FutureKernel inside `triton.AsyncCompileMode`. Size arguments are unspecialized
+        (`do_not_specialize`), so any int32 value stands for them."""
+        sizes = [_SIZE_PLACEHOLDER] * len(self.spec.size_args)
+        return self.fn.warmup(*self.positional([*dtypes, *sizes]), grid=self.grid,
+                              **self.options)
 
     def bind(self) -> None:
         """Generate the fast launch function for `self.kernel` on the current device, or keep
@@ -196,14 +203,23 @@ class Launcher:
 
 class SymbolicLauncher(Launcher):
     """A kernel with symbolic sizes: `launcher(*tensors, *sizes)`, the sizes in
-    `spec.size_args` order. The grid is computed from the sizes at each launch; launches go
-    through `fn[grid](...)` (Triton's own dispatch compiles one binary per argument
-    specialization and reuses it)."""
+    `spec.size_args` order; the grid is computed from the sizes at each launch. The size
+    arguments are unspecialized (`do_not_specialize`), so one binary per argument dtypes serves
+    every size. With `config.symbolic_bound_launch` launches take the bound route as static
+    kernels do (the grid printed into the launch function, `codegen.kernel.grid_source`);
+    otherwise, under the interpreter, or for a grid that cannot be printed, through
+    `fn[grid](...)` (~20 µs of Python per launch on the H200)."""
 
-    def __call__(self, *args: Any, stream: int | None = None) -> None:
+    def __init__(self, spec: KernelSpec, fn: Any):
+        super().__init__(spec, fn)
+        self.bindable = bool(config.symbolic_bound_launch and grid_source(spec))
+        if not self.bindable:
+            self._launch = self._generic_launch
+
+    def _generic_launch(self, *args: Any, stream: int | None = None) -> None:
+        self._check_arity(args)
         count = len(self.spec.args)
         tensors, sizes = args[:count], args[count:]
-        self._check_arity(tensors)
         env = dict(zip(self.spec.size_args, (int(s) for s in sizes)))
         grid = tuple(int(g) for g in self.spec.grid(self.meta, env))
         try:
@@ -213,6 +229,9 @@ class SymbolicLauncher(Launcher):
             if isinstance(exc.__cause__, IndexError):
                 raise type(exc.__cause__)(f"{exc.__cause__} ({self.name})") from exc
             raise
+
+
+_SIZE_PLACEHOLDER = 17  # a size's stand-in when compiling: an int32, specialized on nothing
 
 
 def _resolve(kernel: Any) -> Any:
@@ -261,9 +280,10 @@ def _generate_launch(launcher: Launcher, kernel: Any) -> tuple[str, Callable[...
     """The launch function's source and the function, with every constant in its scope."""
     params = [f"a{i}" for i in range(len(launcher.spec.args))]
     ptrs = [f"p{i}" for i in range(len(params))]
+    sizes = list(launcher.spec.size_args)  # symbol names: valid identifiers, never a*/p*
     constants: dict[str, Any] = {}
     run_args = []
-    for i, value in enumerate(launcher.positional(ptrs)):
+    for i, value in enumerate(launcher.positional(ptrs + sizes)):
         if isinstance(value, str):  # a pointer variable
             run_args.append(value)
         elif type(value) in (int, bool):
@@ -271,12 +291,12 @@ def _generate_launch(launcher: Launcher, kernel: Any) -> tuple[str, Callable[...
         else:
             constants[f"const_{i}"] = value
             run_args.append(f"const_{i}")
-    g0, g1, g2 = launcher.grid
-    lines = [f"def launch_{launcher.name}({', '.join(params + ['stream=None'])}):"]
+    g0, g1, g2 = grid_source(launcher.spec) if sizes else launcher.grid
+    lines = [f"def launch_{launcher.name}({', '.join(params + sizes + ['stream=None'])}):"]
     lines += [f"    {p} = {a}.untyped_storage().data_ptr()" for p, a in zip(ptrs, params)]
     if ptrs:
         lines += [f"    if ({' | '.join(ptrs)}) & 15:  # compiled for 16-byte aligned storages",
-                  f"        return generic({', '.join(params)})"]
+                  f"        return generic({', '.join(params + sizes)})"]
     lines += ["    if stream is None:",
               "        stream = current_stream(device)",
               f"    run({g0}, {g1}, {g2}, stream, function, metadata, None, enter_hook, "
@@ -349,7 +369,7 @@ def build_launchers(specs: Sequence[KernelSpec], *, parallel: bool = True,
         spec, compile_kernel(spec)) for spec in specs]
     if _interpreting() or not torch.cuda.is_available():
         return launchers
-    todo = [(lc, sig) for lc in launchers if not isinstance(lc, SymbolicLauncher)
+    todo = [(lc, sig) for lc in launchers if getattr(lc, "bindable", True)
             and (sig := _arg_dtypes(lc.spec, dtypes)) is not None]
     if todo:
         start = time.perf_counter()

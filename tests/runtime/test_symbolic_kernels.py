@@ -271,3 +271,52 @@ def test_slices_and_index_with_symbolic_bounds_compile_once(device, kernel_compi
         for out, ref in zip(artifact(*args), _slices_and_index(*args)):
             torch.testing.assert_close(out, ref)
     assert len(kernel_compiles) == compiled
+
+
+class _FakeCompiledKernel:
+    """What a bound launch hands the C launcher (the real CompiledKernel needs a GPU)."""
+
+    function, packed_metadata = 0xF00, ("metadata",)
+
+    def __init__(self):
+        self.calls = []
+
+    def run(self, *args):
+        self.calls.append(args)
+
+    def launch_metadata(self, *args):
+        raise AssertionError("launch metadata is only computed for launch hooks")
+
+
+def test_bound_launch_of_a_symbolic_kernel_passes_sizes_and_a_per_call_grid(monkeypatch):
+    """config.symbolic_bound_launch: pointers, then the sizes, then the constexprs, in the
+    kernel's parameter order; the grid computed from this call's sizes, as spec.grid does."""
+    monkeypatch.setattr(launcher_module.config, "symbolic_bound_launch", True)
+    monkeypatch.setattr(launcher_module, "_stream_source", lambda: (lambda device: 5, 0))
+    x, w = torch.randn(6, 8), torch.randn(8)
+    artifact = compile_graph(_symbolic(lambda x, w: (x * w).exp(), (x, w), {0: {0}}), [])
+    (lc,) = _launched(artifact)
+    (size,) = lc.spec.size_args  # the ShapeEnv's name for x's batch
+    assert lc.bindable and f"do_not_specialize=[{size!r}]" in lc.spec.source
+    fake = lc.kernel = _FakeCompiledKernel()
+    lc.bind()
+    assert lc.fast, lc.source
+    for batch in (3, 1000):
+        x, out = torch.randn(batch, 8), torch.empty(batch, 8)
+        lc(x, w, out, batch)
+        g0, g1, g2, stream, *_, = fake.calls[-1]
+        want = lc.spec.grid(lc.meta, {size: batch})
+        assert (g0, g1, g2) == (*want, 1, 1) and stream == 5
+    params = dict(zip(lc.fn.arg_names, fake.calls[-1][9:]))
+    assert params[size] == 1000 and params["XBLOCK"] == lc.meta["XBLOCK"]
+    assert len(fake.calls[-1][9:]) == len(lc.fn.arg_names)
+    assert params[lc.spec.arg_names[0]] == x.untyped_storage().data_ptr()
+
+
+def test_symbolic_kernels_launch_through_fn_grid_unless_asked(monkeypatch):
+    x, w = torch.randn(6, 8), torch.randn(8)
+    artifact = compile_graph(_symbolic(lambda x, w: (x * w).exp(), (x, w), {0: {0}}), [])
+    (lc,) = _launched(artifact)
+    assert not lc.bindable and lc._launch == lc._generic_launch
+    with pytest.raises(TypeError, match=r"takes 3 tensors .* and sizes \('s\d+',\), got 3"):
+        lc(x, w, torch.empty(6, 8))
