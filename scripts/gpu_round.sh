@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# One GPU-machine round after changes to lower/schedule/codegen/runtime (docs/testing.md):
+# the whole CUDA suite (slow files first, one process per file) with a fuzz campaign beside it,
+# then the dynamic-shape sweep. Logs and JSON under OUT (default gpu_round_out/).
+#
+#   bash scripts/gpu_round.sh [suite|fuzz|dynamic ...]     (default: all three)
+#
+# Env: SUITE_S / FUZZ_S / DYNAMIC_S bound each part in seconds (defaults 380 / 360 / 200),
+# FUZZ_SEED (default: the date as a number), PARALLEL (12).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${OUT:-gpu_round_out}"
+mkdir -p "$out"
+parts="${*:-suite fuzz dynamic}"
+slow="tests/runtime/test_eager_parity.py tests/suite/test_hf_models.py tests/suite/test_timm_models.py
+tests/tools/test_fuzz.py tests/tools/test_report_live.py tests/schedule/test_seed_block.py
+tests/schedule/test_split.py tests/suite/test_suite_capture.py"
+
+if [[ " $parts " == *" fuzz "* ]]; then
+    ( timeout "${FUZZ_S:-360}" python3 -m kiln fuzz --seed "${FUZZ_SEED:-$(date +%Y%m%d)}" \
+        --count 10000 --backend kiln --device cuda --workers 4 --size tiny --timeout 60 \
+        --time-budget "$(( ${FUZZ_S:-360} - 20 ))" --out "$out/fuzz" > "$out/fuzz.log" 2>&1
+      echo "fuzz exit $?" >> "$out/fuzz.log" ) &
+fi
+if [[ " $parts " == *" suite "* ]]; then
+    rest="$(find tests -name 'test_*.py' | sort | grep -v -F -x -f <(tr ' ' '\n' <<< "$slow"))"
+    TEST_FILES="$(tr '\n' ' ' <<< "$slow") $rest" PARALLEL="${PARALLEL:-12}" \
+        PER_FILE_TIMEOUT="${SUITE_S:-380}" timeout "$(( ${SUITE_S:-380} + 15 ))" \
+        bash scripts/test_cuda.sh "$out/cuda_logs" -k "not test_torch_dynamo_entry_point" \
+        > "$out/suite.log" 2>&1
+    tail -n 14 "$out/suite.log"
+    tar czf "$out/cuda_logs.tgz" -C "$out" cuda_logs && rm -rf "$out/cuda_logs"
+fi
+wait
+[[ -f "$out/fuzz.log" ]] && tail -n 6 "$out/fuzz.log"
+if [[ " $parts " == *" dynamic "* ]]; then
+    timeout "${DYNAMIC_S:-200}" python3 benchmarks/dynamic_sweep.py --json "$out/dynamic.json" \
+        > "$out/dynamic.log" 2>&1
+    tail -n 20 "$out/dynamic.log"
+fi
