@@ -226,18 +226,18 @@ def _covering_value(gm: torch.fx.GraphModule, env: dict, key: Any) -> tuple | No
     as (value, its meta), else None: outputs placed in it keep eager's aliasing even when none
     of them is dense."""
     for node in gm.graph.nodes:
-        meta = node.meta.get("val")
-        if node.op != "call_function" or not isinstance(meta, torch.Tensor) \
-                or not isinstance(env.get(node), TensorValue):
+        raw = node.meta.get("val")
+        if node.op != "call_function" or not isinstance(raw, torch.Tensor) \
+                or not isinstance(env.get(node), TensorValue) or _compat.storage_key(raw) != key:
             continue
-        if _compat.storage_key(meta) == key and meta.storage_offset() == 0 \
-                and _is_dense(meta) and meta.numel() == _storage_numel(meta):
+        meta = symbolic.lower_metas(raw)  # sizes as the outputs' metas have them (Exprs)
+        if meta.storage_offset() == 0 and _is_dense(meta) and meta.numel() == _storage_numel(raw):
             return env[node], meta
     return None
 
 
-def _storage_numel(meta: torch.Tensor) -> int:
-    return meta.untyped_storage().nbytes() // meta.element_size()
+def _storage_numel(meta: torch.Tensor) -> Any:
+    return symbolic.lower_metas(meta.untyped_storage().nbytes()) // meta.element_size()
 
 
 def _alias_groups(metas: list) -> list[list[int]]:

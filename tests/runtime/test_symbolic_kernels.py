@@ -126,30 +126,30 @@ def test_size_one_dim_broadcast_next_to_a_symbolic_dim(device, kernel_compiles):
             torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
 
-def _cat_along_symbolic(x, i):
-    return torch.cat([x, x[i]]) * 2
+def _pool_along_symbolic(x, i):
+    return F.avg_pool1d(x, 2) * 2 + i.sum()
 
 
 def test_unsupported_graph_compiles_per_size(device):
-    """cat along a symbolic dim is outside the symbolic path: per size, right answers."""
-    x, i = torch.randn(6, 4, device=device), torch.tensor([0, 2, 5], device=device)
-    gm = torch.fx.symbolic_trace(_cat_along_symbolic)
+    """Pooling over a symbolic dim is outside the symbolic path: per size, right answers."""
+    x, i = torch.randn(2, 3, 8, device=device), torch.tensor([0, 2, 5], device=device)
+    gm = torch.fx.symbolic_trace(_pool_along_symbolic)
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             node.meta["val"] = None
 
     def compile_symbolic(graph, inputs):
-        return compile_graph(_symbolic(_cat_along_symbolic, tuple(inputs)), [])
+        return compile_graph(_symbolic(_pool_along_symbolic, tuple(inputs)), [])
 
     def compile_static(graph, inputs):
-        return lambda *args: (_cat_along_symbolic(*args),)
+        return lambda *args: (_pool_along_symbolic(*args),)
 
     with pytest.raises(TypeError):
         compile_symbolic(gm, [x, i])
     gm.graph.find_nodes(op="placeholder")[0].meta["val"] = _symbolic_meta(x)
     compiled = symbolic_or_per_size(compile_symbolic, compile_static, gm, [x, i])
     assert isinstance(compiled, SizeCache)
-    torch.testing.assert_close(compiled(x, i)[0], _cat_along_symbolic(x, i))
+    torch.testing.assert_close(compiled(x, i)[0], _pool_along_symbolic(x, i))
 
 
 def _symbolic_meta(x):
@@ -250,12 +250,13 @@ def test_matmul_padding_leaves_symbolic_sizes_alone(device, kernel_compiles, mon
 def _slices_and_index(x, mask, i):
     length = x.shape[-1]
     head, tail = x[:, 1:], x[..., -3:]
-    return (x + mask[:length, :length], head * 2, tail.sum(-1), x[:, :-1] - 1, x[i])
+    return (x + mask[:length, :length], head * 2, tail.sum(-1), x[:, :-1] - 1, x[i],
+            torch.cat([x, x[i] * 2]), torch.cat([x[:, :1], head], 1))
 
 
-def test_slices_and_index_with_symbolic_bounds_compile_once(device, kernel_compiles):
-    """`mask[:L, :L]` of a fixed buffer, slices from either end of a symbolic dim, and an
-    index tensor of symbolic length: one symbolic compile for every size."""
+def test_slices_index_and_cat_with_symbolic_bounds_compile_once(device, kernel_compiles):
+    """`mask[:L, :L]` of a fixed buffer, slices from either end of a symbolic dim, an index
+    tensor of symbolic length, cat along a symbolic dim: one symbolic compile for every size."""
     mask = torch.randn(64, 64, device=device)
 
     def inputs(length, picks):

@@ -63,6 +63,13 @@ def pointwise(call: Call, size: Sequence[int], inner_fn: Loader, dtype: torch.dt
     return PointwiseValue(data, dtype, call.device, origins, stride)
 
 
+def has_elements(size: Sequence[Any]) -> bool:
+    """Whether a tensor of `size` has elements, dim by dim (the bounds of a product of
+    symbolic sizes are too loose to order `s0*s0 - s0` against 0); TypeError when a symbolic
+    extent may be 0 for some sizes and not for others."""
+    return all(d > 0 for d in size)
+
+
 def expand_to(value: TensorValue, size: Sequence[int]) -> TensorValue:
     """`value` broadcast to `size` (right-aligned, as torch broadcasting)."""
     size = tuple(size)

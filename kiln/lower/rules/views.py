@@ -18,7 +18,7 @@ from kiln.lower.index import Expr, as_expr, as_size
 from kiln.lower.ir import compute_dtype, contiguous_strides
 from kiln.lower.rule_table import Call, register
 from kiln.lower.ops import ops
-from kiln.lower.rules.helpers import expand_to, loader_as, norm_dim, pointwise
+from kiln.lower.rules.helpers import expand_to, has_elements, loader_as, norm_dim, pointwise
 from kiln.lower.values import BufferValue, PointwiseValue, TensorValue, ViewValue, base_of
 
 aten = torch.ops.aten
@@ -267,12 +267,20 @@ def lower_flip(call: Call, x: TensorValue, dims: Sequence[int]) -> TensorValue:
 
 # -- cat and padding -------------------------------------------------------------------------------
 
-def _index_lt(i: Expr, bound: int) -> Any:
-    return ops.lt(ops.index_expr(i, torch.int64), ops.constant(bound, torch.int64))
+def _index_lt(i: Expr, bound: Any) -> Any:
+    return ops.lt(ops.index_expr(i, torch.int64), _bound(bound))
 
 
-def _index_ge(i: Expr, bound: int) -> Any:
-    return ops.ge(ops.index_expr(i, torch.int64), ops.constant(bound, torch.int64))
+def _index_ge(i: Expr, bound: Any) -> Any:
+    return ops.ge(ops.index_expr(i, torch.int64), _bound(bound))
+
+
+def _bound(bound: Any) -> Any:
+    """A piece's edge along a dim: a constant, or an expression of the sizes (a symbolic
+    extent), which the kernel computes from its size arguments."""
+    if isinstance(bound, Expr) and not bound.is_constant:
+        return ops.index_expr(bound, torch.int64)
+    return ops.constant(int(bound), torch.int64)
 
 
 @register(aten.cat.default)
@@ -283,7 +291,7 @@ def lower_cat(call: Call, tensors: Sequence[TensorValue], dim: int = 0) -> Tenso
     are converted to the promoted dtype, as eager's cat does."""
     out = call.out
     dim = norm_dim(dim, out.dim())
-    parts = [t for t in tensors if t.numel > 0]
+    parts = [t for t in tensors if has_elements(t.size)]
     comp = compute_dtype(out.dtype)
     if not parts:  # the result has no elements
         return pointwise(call, out.shape, lambda index: ops.constant(0, comp), out.dtype, [])
