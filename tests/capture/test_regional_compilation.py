@@ -95,3 +95,32 @@ def test_suite_model_layers_share_one_capture(counting_backend):
     for p, q in zip(model.parameters(), ref.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad)
 
+
+
+class _Tied(nn.Module):
+    """An embedding and an output projection sharing one weight (GPT-2's wte / lm_head)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(32, 16)
+        self.out = nn.Linear(16, 32, bias=False)
+        self.out.weight = self.embed.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.out(self.embed(ids).tanh())
+
+
+def test_tied_weights_are_guarded_as_a_tie_not_as_that_weight(counting_backend, recorder):
+    """Instances tied the same way share the graph (the guard is `self.out.weight is
+    self.embed.weight`, not the weight object); an untied instance captures again."""
+    ids = torch.randint(0, 32, (2, 8))
+    models = [_Tied() for _ in range(3)]
+    for m in models:
+        torch.testing.assert_close(kiln.compile(m, backend=counting_backend)(ids), m(ids))
+    assert counting_backend.count == 1
+    models[0].out.weight = nn.Parameter(torch.randn(32, 16))
+    torch.testing.assert_close(kiln.compile(models[0], backend=counting_backend)(ids),
+                               models[0](ids))
+    assert counting_backend.count == 2
+    assert "self.out.weight: expected the same object as self.embed.weight" in \
+        recorder.recompiles[0].render()
