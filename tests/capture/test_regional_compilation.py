@@ -4,7 +4,7 @@ capture and one backend compile shared by every layer of the same class and shap
 The layers' parameters are graph inputs read from the called instance, and module identity is
 guarded through a rebindable slot (`guards.InstanceSlot`): another instance whose other guards
 hold reuses the entry. A layer of other shapes or dtype must still capture again. The same under
-FSDP2 on 2 processes: `tests/distributed/gloo_cases.py` (`fsdp2-regional`).
+FSDP2 on 2 processes: `tests/distributed/fsdp_cases.py` (`fsdp2-gpt2-*`).
 """
 from __future__ import annotations
 

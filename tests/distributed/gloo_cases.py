@@ -112,9 +112,10 @@ def _run_case(case: Callable[[int], Any], rank: int) -> dict[str, Any]:
 def _graph(record: Any) -> dict[str, Any]:
     """A captured graph: its function, and the dtypes of its inputs read from the module
     (`self.*`: parameters and buffers; under a mixed precision policy, FSDP2's cast copies)."""
-    dtypes = {str(n.meta["val"].dtype) for n in record.graph.graph.find_nodes(op="placeholder")
+    nodes = record.graph.graph.find_nodes(op="placeholder") if record.graph is not None else []
+    dtypes = {str(n.meta["val"].dtype) for n in nodes
               if str(n.meta.get("source", "")).startswith("self.")
-              and isinstance(n.meta.get("val"), torch.Tensor)} if record.graph is not None else set()
+              and isinstance(n.meta.get("val"), torch.Tensor)}
     return {"function": record.function, "module_dtypes": sorted(dtypes)}
 
 
