@@ -81,12 +81,17 @@ class CodeCache:
             self.entries.insert(0, entry)
 
     def failures(self, namespace: dict[str, Any]) -> list[GuardFailure]:
-        """Why the most recent entry did not match (its first failing guards)."""
+        """Why the most recent entry did not match (its first failing guards). Module identity
+        is left out: another instance of the class reuses the entry when every other guard holds
+        (`_rebind_source`), so it is never the cause, and listing it for each submodule of a
+        layer would crowd out the guard that did fail (`x.requires_grad`)."""
         if not self.entries:
             return []
         entry = self.entries[0]
         found = []
         for guard in entry.guards:
+            if guard.kind == "instance":
+                continue
             failure = guard.failure(namespace)
             if failure is not None:
                 found.append(failure)

@@ -85,6 +85,8 @@ def _show(value: Any) -> str:
         return value.__qualname__
     if isinstance(value, _IdentityOf):
         return f"the object seen at compile time ({value.text})"
+    if isinstance(value, _SameAs):
+        return f"the same object as {value.text}"
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
 
@@ -123,6 +125,11 @@ _MAX_INSTANCES = 256  # a model's layers of one class; beyond it, start over (ne
 
 @dataclasses.dataclass(frozen=True)
 class _IdentityOf:
+    text: str
+
+
+@dataclasses.dataclass(frozen=True)
+class _SameAs:
     text: str
 
 
@@ -196,6 +203,16 @@ class GuardSet:
                  location: UserLocation | None = None) -> None:
         self._add(source.expr(), "is", _IdentityOf(source.name()), source.name(), "id",
                   module=module, location=location, expected_src=self.consts.ref(value))
+
+    def same_object(self, source: Source, first: Source,
+                    location: UserLocation | None = None) -> None:
+        """`source` holds the object `first` holds (a tied weight, `f(x, x)`): guarded as that
+        relation, not as the object, so another module instance tied the same way (a layer of
+        a stack, a fresh model) or new tensors passed twice reuse the entry. Checked on every
+        call: `first` may be an argument, which the module version does not cover."""
+        self.add(Guard(source.expr(), "is", first.expr(), _SameAs(first.name()),
+                       source.name(), "alias", False, location,
+                       display=f"{source.name()} is {first.name()}"))
 
     def module_instance(self, source: Source, value: torch.nn.Module, *, module: bool = False,
                         location: UserLocation | None = None) -> None:

@@ -1028,3 +1028,20 @@ def test_an_attribute_a_module_lacks_is_guarded_absent(counting_backend):
     del model.warm
     _run(c, model, torch.randn(3))
     assert counting_backend.count == 2
+
+
+def test_tensor_passed_twice_is_guarded_as_an_alias_not_as_that_tensor(counting_backend, recorder):
+    """`f(x, x)`: the guard is `y is x`, so new tensors passed twice reuse the graph, and two
+    different tensors capture again (a graph with one input for both would be wrong)."""
+    def fn(x, y):
+        return x * y + 1
+
+    c = _compile(fn, counting_backend)
+    for _ in range(3):
+        a = torch.randn(4)
+        _run(c, fn, a, a)
+    assert counting_backend.count == 1
+    _run(c, fn, a, torch.randn(4))
+    assert counting_backend.count == 2
+    (reason,) = recorder.recompiles
+    assert "y: expected the same object as x" in reason.render()

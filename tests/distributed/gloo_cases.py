@@ -2,9 +2,10 @@
 
 `run_rank` trains each model with eager DDP/FSDP2 and with kiln under DDP/FSDP2 from the same
 weights and data (fresh random inputs per rank and step), then writes one JSON file per rank:
-for each case the largest parameter and gradient difference from eager, the graphs kiln ran
-and the codes of the graph breaks it reported. The test process reads and asserts on them.
-Spawned processes import this module by name (it sits on the parent's sys.path).
+for each case the largest parameter, gradient and optimizer-state difference from eager, the
+graphs kiln captured and ran and the codes of the graph breaks it reported. The test process
+reads and asserts on them. The FSDP2 cases are in `fsdp_cases`, the models and the comparison
+in `gloo_common`. Spawned processes import these modules by name (on the parent's sys.path).
 """
 from __future__ import annotations
 
@@ -12,84 +13,17 @@ import copy
 import json
 import os
 import sys
+import time
 import traceback
 from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 
-STEPS = 3
+from fsdp_cases import fsdp_cases
+from gloo_common import MAKERS, Trained, diffs, train
+
 BACKENDS = ("aot_eager", "kiln")
-
-
-def mlp() -> nn.Module:
-    return nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 32), nn.Tanh(),
-                         nn.Linear(32, 16))
-
-
-def block() -> nn.Module:
-    from kiln.tools.suite import seed_block
-    return seed_block.make_model("small")  # d_model 64, 4 heads
-
-
-class Stack(nn.Module):
-    """Two seed blocks and a head: FSDP2 shards each block and the root (the head)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList([block(), block()])
-        self.head = nn.Linear(64, 8)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = layer(x)
-        return self.head(x).tanh()
-
-
-INPUTS = {"mlp": (4, 16), "block": (2, 16, 64), "stack": (2, 16, 64)}
-MAKERS = {"mlp": mlp, "block": block, "stack": Stack}
-
-
-def _inputs(name: str, rank: int) -> list[torch.Tensor]:
-    gen = torch.Generator().manual_seed(1000 + 17 * rank + len(name))
-    return [torch.randn(INPUTS[name], generator=gen) for _ in range(STEPS)]
-
-
-def _optimizer(name: str, params: Any) -> torch.optim.Optimizer:
-    if name == "mlp":
-        return torch.optim.SGD(params, lr=0.05, momentum=0.9)
-    # eps well above rounding noise: a gradient that is zero in exact arithmetic (the key bias
-    # of attention: softmax ignores it) is ~1e-9 noise that Adam would scale up to lr-sized
-    # steps of random sign, in eager as much as in kiln
-    return torch.optim.AdamW(params, lr=1e-3, eps=1e-4)
-
-
-def _train(run: Callable, params: Any, name: str, rank: int) -> None:
-    opt = _optimizer(name, params)
-    for x in _inputs(name, rank):
-        opt.zero_grad()
-        run(x).square().mean().backward()
-        opt.step()
-
-
-def _full(t: torch.Tensor | None) -> torch.Tensor | None:
-    if t is None:
-        return None
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
-
-
-def _diffs(ref: nn.Module, got: nn.Module) -> tuple[float, float]:
-    dp = dg = 0.0
-    for (name, a), (_, b) in zip(ref.named_parameters(), got.named_parameters(), strict=True):
-        a_full, b_full = _full(a.detach()), _full(b.detach())
-        dp = max(dp, (a_full - b_full).abs().max().item())
-        ga, gb = _full(a.grad), _full(b.grad)
-        if (ga is None) != (gb is None):
-            raise AssertionError(f"{name}: grad is None in only one of eager and kiln")
-        if ga is not None:
-            dg = max(dg, (ga - gb).abs().max().item())
-    return dp, dg
 
 
 # DDP buckets small enough that each model's graph splits into 3 pieces or more
@@ -97,8 +31,7 @@ def _diffs(ref: nn.Module, got: nn.Module) -> tuple[float, float]:
 SPLIT_BUCKET_MB = {"mlp": 0.002, "block": 0.02}
 
 
-def _ddp_case(name: str, wrap: str, backend: str, rank: int,
-              split: bool = False) -> tuple[nn.Module, nn.Module]:
+def _ddp_case(name: str, wrap: str, backend: str, rank: int, split: bool = False) -> Trained:
     import kiln
     from torch.nn.parallel import DistributedDataParallel as DDP
     options = {"bucket_cap_mb": SPLIT_BUCKET_MB[name]} if split else {}
@@ -107,7 +40,7 @@ def _ddp_case(name: str, wrap: str, backend: str, rank: int,
     torch.manual_seed(0)
     base = MAKERS[name]()
     ref = DDP(copy.deepcopy(base), **options)
-    _train(ref, ref.parameters(), name, rank)
+    ref_opt = train(ref, ref, name, rank)
     inner = copy.deepcopy(base)
     if wrap == "compile(DDP)":
         ddp = DDP(inner, **options)
@@ -115,37 +48,7 @@ def _ddp_case(name: str, wrap: str, backend: str, rank: int,
     else:
         ddp = DDP(kiln.compile(inner, backend=backend), **options)
         run = ddp
-    _train(run, ddp.parameters(), name, rank)
-    return ref.module, inner
-
-
-def _shard(model: Stack) -> Stack:
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-    # A CPU mesh said outright: fully_shard's default mesh takes the accelerator where there is
-    # one, and on a one-GPU machine rank 1 then picks cuda:1, which does not exist (SIGSEGV).
-    mesh = init_device_mesh("cpu", (torch.distributed.get_world_size(),))
-    for layer in model.layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    return model
-
-
-def _fsdp_case(how: str, backend: str, rank: int) -> tuple[nn.Module, nn.Module]:
-    import kiln
-    torch.manual_seed(0)
-    base = Stack()
-    ref = _shard(copy.deepcopy(base))
-    _train(ref, ref.parameters(), "stack", rank)
-    model = _shard(copy.deepcopy(base))
-    if how == "layers":  # each sharded layer compiled and assigned back (layer.compile style)
-        for i, layer in enumerate(model.layers):
-            model.layers[i] = kiln.compile(layer, backend=backend)
-        run: Callable = model
-    else:  # the whole sharded model: the layer calls break, each layer compiles on its own
-        run = kiln.compile(model, backend=backend)
-    _train(run, model.parameters(), "stack", rank)
-    return ref, model
+    return Trained(ref.module, inner, ref_opt, train(run, ddp, name, rank))
 
 
 def _collectives(rank: int) -> dict[str, Any]:
@@ -162,7 +65,7 @@ def _collectives(rank: int) -> dict[str, Any]:
     x = torch.randn(8, generator=torch.Generator().manual_seed(7 + rank))
     expected = fn(x)
     got = kiln.compile(fn, backend="aot_eager")(x)
-    return {"param": (expected - got).abs().max().item(), "grad": 0.0}
+    return {"param": (expected - got).abs().max().item(), "grad": 0.0, "state": 0.0}
 
 
 def _cases() -> dict[str, Callable[[int], Any]]:
@@ -174,9 +77,11 @@ def _cases() -> dict[str, Callable[[int], Any]]:
                     lambda rank, n=name, w=wrap, b=backend: _ddp_case(n, w, b, rank))
                 cases[f"ddp-split-{name}-{wrap}-{backend}"] = (
                     lambda rank, n=name, w=wrap, b=backend: _ddp_case(n, w, b, rank, True))
-        for how in ("layers", "whole"):
-            cases[f"fsdp2-{how}-{backend}"] = (
-                lambda rank, h=how, b=backend: _fsdp_case(h, b, rank))
+    # the suite's GPT-2: DDP's hooks on a tied embedding / lm_head weight
+    # one of the four (wrappings x backends): each adds 2-5 s to CI
+    cases["ddp-gpt2-compile(DDP)-kiln"] = lambda rank: _ddp_case("gpt2", "compile(DDP)", "kiln",
+                                                                  rank)
+    cases.update(fsdp_cases(BACKENDS))
     cases["collectives"] = _collectives
     return cases
 
@@ -189,21 +94,29 @@ def _run_case(case: Callable[[int], Any], rank: int) -> dict[str, Any]:
     from kiln.capture.dispatch import GRAPH_RUNS
     recorder = records.Recorder()
     records.active_recorders().append(recorder)
-    runs = GRAPH_RUNS[0]
+    runs, start = GRAPH_RUNS[0], time.monotonic()
     try:
         result = case(rank)
     finally:
         records.active_recorders().remove(recorder)
-    if isinstance(result, dict):
-        diffs = result
-    else:
-        param, grad = _diffs(*result)
-        diffs = {"param": param, "grad": grad}
-    return {**diffs, "graph_runs": GRAPH_RUNS[0] - runs,
+    return {**(result if isinstance(result, dict) else diffs(result)),
+            "graph_runs": GRAPH_RUNS[0] - runs, "seconds": round(time.monotonic() - start, 1),
             "breaks": sorted({b.code for b in recorder.breaks}),
+            "graphs": [_graph(g) for g in recorder.graphs],
+            "recompiles": [r.render() for r in recorder.recompiles],
             # per graph split at DDP bucket boundaries: its pieces' parameter bytes
             "splits": [[p.nbytes for p in g.ddp_split.pieces]
                        for g in recorder.graphs if g.ddp_split is not None]}
+
+
+def _graph(record: Any) -> dict[str, Any]:
+    """A captured graph: its function, and the dtypes of its inputs read from the module
+    (`self.*`: parameters and buffers; under a mixed precision policy, FSDP2's cast copies)."""
+    nodes = record.graph.graph.find_nodes(op="placeholder") if record.graph is not None else []
+    dtypes = {str(n.meta["val"].dtype) for n in nodes
+              if str(n.meta.get("source", "")).startswith("self.")
+              and isinstance(n.meta.get("val"), torch.Tensor)}
+    return {"function": record.function, "module_dtypes": sorted(dtypes)}
 
 
 def run_rank(rank: int, world: int, init: str, out_dir: str) -> None:

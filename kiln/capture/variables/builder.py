@@ -64,7 +64,7 @@ def _wrap(tx: Translator, value: Any, source: Source, module_guard: bool) -> VT:
         guards.tensor_match(source, value, module=module_guard, location=loc,
                             symbolic_dims=symbolic_dims(vt.fake))
         if vt.source is not source and vt.source != source:  # the same tensor seen twice
-            guards.id_match(source, value, module=module_guard, location=loc)
+            guards.same_object(source, vt.source, location=loc)
         return vt
     if type(value) in (int, float) and source.expr() in tx.output.dynamic_scalars:
         guards.type_match(source, value, module=module_guard, location=loc)

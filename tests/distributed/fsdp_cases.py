@@ -1,0 +1,87 @@
+"""The FSDP2 cases of the gloo run (`gloo_cases` runs them on both ranks).
+
+- `layers`: `fully_shard` per layer and on the root, each layer `kiln.compile(layer)` assigned
+  back (regional compilation); `whole`: `kiln.compile(sharded_root)`.
+- `mp`: the per-layer case under `MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`,
+  against eager FSDP2 under the same policy.
+- `gpt2-*`: the suite's GPT-2 with 4 blocks, both ways: the 4 blocks share one capture.
+
+The GPT-2 and mixed precision cases start from an empty kiln cache, so the graphs they report
+are all they captured.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable
+
+import torch
+import torch.nn as nn
+
+from gloo_common import MAKERS, Trained, train
+
+__all__ = ["fsdp_cases"]
+
+
+def _mesh() -> Any:
+    from torch.distributed.device_mesh import init_device_mesh
+    # A CPU mesh said outright: fully_shard's default mesh takes the accelerator where there is
+    # one, and on a one-GPU machine rank 1 then picks cuda:1, which does not exist (SIGSEGV).
+    return init_device_mesh("cpu", (torch.distributed.get_world_size(),))
+
+
+def _policy(mixed: bool) -> Any:
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+    if not mixed:
+        return MixedPrecisionPolicy()
+    # bf16 all-gathers and compute, gradients reduce-scattered in fp32: gloo on the CPU does both
+    return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+
+
+def _shard(model: nn.Module, mixed: bool = False) -> nn.Module:
+    from torch.distributed.fsdp import fully_shard
+    mesh, policy = _mesh(), _policy(mixed)
+    for layer in _layers(model):
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    return model
+
+
+def _layers(model: nn.Module) -> nn.ModuleList:
+    return model.h if hasattr(model, "h") else model.layers  # GPT-2's blocks, the Stack's
+
+
+def _fsdp_case(name: str, how: str, backend: str, rank: int, mixed: bool = False) -> Trained:
+    import kiln
+    if name == "gpt2" or mixed:  # captured afresh: the case's graphs are all it compiled
+        kiln.reset()
+    torch.manual_seed(0)
+    base = MAKERS[name]()
+    ref = _shard(copy.deepcopy(base), mixed)
+    ref_opt = train(ref, ref, name, rank)
+    model = _shard(copy.deepcopy(base), mixed)
+    layers = _layers(model)
+    if how == "layers":  # each sharded layer compiled and assigned back (layer.compile style)
+        for i, layer in enumerate(layers):
+            layers[i] = kiln.compile(layer, backend=backend)
+        run: Callable = model
+    else:  # the whole sharded model: the layer calls break, each layer compiles on its own
+        run = kiln.compile(model, backend=backend)
+    return Trained(ref, model, ref_opt, train(run, model, name, rank))
+
+
+# the whole model with aot_eager too would add 2-4 s to CI for no path the others miss
+GPT2_WAYS = {"aot_eager": ("layers",), "kiln": ("layers", "whole")}
+
+
+def fsdp_cases(backends: tuple[str, ...]) -> dict[str, Callable[[int], Any]]:
+    cases: dict[str, Callable[[int], Any]] = {}
+    for backend in backends:
+        for how in ("layers", "whole"):
+            cases[f"fsdp2-{how}-{backend}"] = (
+                lambda rank, h=how, b=backend: _fsdp_case("stack", h, b, rank))
+        cases[f"fsdp2-mp-{backend}"] = (
+            lambda rank, b=backend: _fsdp_case("stack", "layers", b, rank, mixed=True))
+        for how in GPT2_WAYS[backend]:
+            cases[f"fsdp2-gpt2-{how}-{backend}"] = (
+                lambda rank, h=how, b=backend: _fsdp_case("gpt2", h, b, rank))
+    return cases
