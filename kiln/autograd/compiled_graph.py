@@ -45,7 +45,7 @@ from kiln.autograd.mutation import is_leaf_write
 from kiln.autograd.joint import AutogradUnsupported, JointGraph, TensorSpec
 from kiln.autograd.size_variants import PerSizeVariants, SymbolicVariant, unwrap_variants
 from kiln.autograd.symbolic import (SizeConditions, SizeFunction, has_unbacked_sizes,
-                                    is_symbolic_graph, is_symbolic_value)
+                                    is_symbolic_graph, symbolic_positions)
 from kiln.autograd.trace import lifted_attributes, trace_inference, trace_joint
 from kiln.errors import KilnError
 from kiln import records
@@ -151,7 +151,7 @@ class CompiledGraph:
         if not self.symbolic:
             return self._compile_static(args, training)
         per_size = PerSizeVariants(functools.partial(self._compile_static, training=training),
-                                   self._symbolic_positions(),
+                                   symbolic_positions(self.gm),
                                    EagerVariant(self.gm, len(args) - len(self.lifted)))
         symbolic = self._compile_symbolic(args, training)
         if symbolic is None:
@@ -168,10 +168,6 @@ class CompiledGraph:
                   "...) runs as torch ops: the autograd stage does not trace unbacked sizes yet",
                   log)
         return EagerVariant(self.gm, len(args) - len(self.lifted))
-
-    def _symbolic_positions(self) -> list[int]:
-        placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
-        return [i for i, n in enumerate(placeholders) if is_symbolic_value(n.meta.get("val"))]
 
     def _compile_symbolic(self, args: list, training: bool
                           ) -> tuple[Variant, SizeConditions | None] | None:

@@ -31,26 +31,32 @@ Variant = Callable[[list], Any]
 
 class PerSizeVariants:
     """`compile_for(args)` once per set of sizes of the inputs at `positions`; `eager` for
-    sizes beyond MAX_SIZES."""
+    sizes beyond `max_sizes()` (MAX_SIZES) and for sizes whose compile fails. The kiln
+    backend's per-size compiles (`backends/per_size.SizeCache`) are one of these too."""
 
     def __init__(self, compile_for: Callable[[list], Variant], positions: Sequence[int],
-                 eager: Variant) -> None:
+                 eager: Variant, max_sizes: Callable[[], int] = lambda: MAX_SIZES) -> None:
         self.compile_for = compile_for
         self.positions = tuple(positions)
         self.eager = eager
+        self.max_sizes = max_sizes  # read per compile: tests lower the module's bound
         self.variants: dict[tuple, Variant] = {}
 
+    def key(self, args: Sequence[Any]) -> tuple:
+        return tuple(tuple(args[i].shape) for i in self.positions)
+
     def __call__(self, args: list) -> Any:
-        key = tuple(tuple(args[i].shape) for i in self.positions)
+        key = self.key(args)
         variant = self.variants.get(key)
         if variant is None:
             variant = self.variants[key] = self._compile(key, args)
         return variant(args)
 
     def _compile(self, key: tuple, args: list) -> Variant:
-        if len(self.variants) >= MAX_SIZES:
+        limit = self.max_sizes()
+        if len(self.variants) >= limit:
             warn_once(("autograd-per-size-limit", id(self)),
-                      f"kiln: a graph with symbolic sizes was traced for {MAX_SIZES} sizes; "
+                      f"kiln: a graph with symbolic sizes was compiled for {limit} sizes; "
                       "new sizes run it as torch ops (eager)", log)
             return self.eager
         log.debug("tracing a graph with symbolic sizes for sizes %s", key)

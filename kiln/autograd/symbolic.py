@@ -30,7 +30,7 @@ from kiln.autograd import _compat
 from kiln.autograd.joint import AutogradUnsupported
 
 __all__ = ["SizeConditions", "SizeFunction", "SizeNodes", "SizeSymbols", "SymbolicUnsupported",
-           "has_unbacked_sizes", "is_symbolic_graph", "is_symbolic_value"]
+           "has_unbacked_sizes", "is_symbolic_graph", "is_symbolic_value", "symbolic_positions"]
 
 
 class SymbolicUnsupported(AutogradUnsupported):
@@ -43,6 +43,13 @@ def is_symbolic_value(value: Any) -> bool:
         return any(_compat.is_symbolic(s) for s in
                    (*value.shape, *value.stride(), value.storage_offset()))
     return _compat.is_symbolic(value)
+
+
+def symbolic_positions(gm: torch.fx.GraphModule) -> list[int]:
+    """Positions of the placeholders whose `meta["val"]` is symbolic: what a per-size cache
+    keys on (capture's graphs read sizes from tensors, so these are tensors)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    return [i for i, n in enumerate(placeholders) if is_symbolic_value(n.meta.get("val"))]
 
 
 def is_symbolic_graph(gm: torch.fx.GraphModule) -> bool:

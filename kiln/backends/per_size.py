@@ -14,7 +14,8 @@ from typing import Any, Callable
 
 import torch
 
-from kiln.logs import warn_once
+from kiln.autograd.size_variants import PerSizeVariants
+from kiln.autograd.symbolic import symbolic_positions
 
 __all__ = ["MAX_SIZES", "SymbolicCompiled", "per_size", "symbolic_inputs",
            "symbolic_or_per_size"]
@@ -28,14 +29,7 @@ Compile = Callable[[torch.fx.GraphModule, list], Callable[..., Any]]
 
 def symbolic_inputs(gm: torch.fx.GraphModule) -> list[int]:
     """Positions of the placeholders whose example (`meta["val"]`) has a symbolic size."""
-    found = []
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    for i, node in enumerate(placeholders):
-        val = node.meta.get("val")
-        if isinstance(val, torch.Tensor) and \
-                any(isinstance(d, torch.SymInt) for d in (*val.shape, *val.stride())):
-            found.append(i)
-    return found
+    return symbolic_positions(gm)
 
 
 def per_size(compile_static: Compile, gm: torch.fx.GraphModule,
@@ -50,45 +44,28 @@ def per_size(compile_static: Compile, gm: torch.fx.GraphModule,
 
 class SizeCache:
     """One compiled callable per input sizes (the sizes of the symbolic inputs are the key:
-    capture's guards fix every other size, and the strides as functions of the sizes)."""
+    capture's guards fix every other size, and the strides as functions of the sizes): the
+    autograd stage's `PerSizeVariants` over the backend's `compile_static`, whose bound and
+    eager fallback it shares. The first size compiles at construction, so a backend error
+    surfaces at capture as for a static graph."""
 
     def __init__(self, compile_static: Compile, gm: torch.fx.GraphModule, dynamic: list[int],
                  example_inputs: list) -> None:
-        self.compile_static = compile_static
-        self.gm = gm
-        self.dynamic = dynamic
-        self.compiled: dict[tuple, Callable[..., Any]] = {}
-        # the first size compiles now, so a backend error surfaces at capture as for static
-        self.compiled[self.key(example_inputs)] = compile_static(gm, list(example_inputs))
+        def compile_for(args: list) -> Callable[[list], Any]:
+            fn = compile_static(gm, list(args))
+            return lambda call_args: fn(*call_args)
 
-    def key(self, args: Any) -> tuple:
-        return tuple(tuple(args[i].shape) for i in self.dynamic)
+        self.gm = gm
+        self.sizes = PerSizeVariants(compile_for, dynamic, lambda args: gm(*args),
+                                     max_sizes=lambda: MAX_SIZES)
+        self.sizes.variants[self.sizes.key(example_inputs)] = compile_for(example_inputs)
+
+    @property
+    def compiled(self) -> dict[tuple, Callable[[list], Any]]:
+        return self.sizes.variants
 
     def __call__(self, *args: Any) -> Any:
-        key = self.key(args)
-        fn = self.compiled.get(key)
-        if fn is None:
-            fn = self._compile(key, list(args))
-        return fn(*args)
-
-    def _compile(self, key: tuple, args: list) -> Callable[..., Any]:
-        if len(self.compiled) >= MAX_SIZES:
-            warn_once(("per-size-limit", id(self.gm)),
-                      f"kiln backend: a graph with symbolic sizes was compiled for {MAX_SIZES} "
-                      "sizes; new sizes run the graph as torch ops (eager)", log)
-            return self.gm
-        try:
-            fn = self.compile_static(self.gm, args)
-        except Exception as err:  # noqa: BLE001 - eager's answer beats a failed call
-            warn_once(("per-size-failed", id(self.gm), type(err).__name__),
-                      f"kiln backend: compiling a graph with symbolic sizes for sizes {key} "
-                      f"failed ({type(err).__name__}: {err}); such calls run it as torch ops "
-                      "(eager)", log)
-            fn = self.gm
-        self.compiled[key] = fn
-        log.debug("compiled a graph with symbolic sizes for sizes %s (%d sizes)", key,
-                  len(self.compiled))
-        return fn
+        return self.sizes(list(args))
 
 
 def symbolic_or_per_size(compile_symbolic: Compile, compile_static: Compile,
