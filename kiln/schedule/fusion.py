@@ -223,7 +223,7 @@ class Fuser:
 
     def path_through(self, start: _Unit, goal: _Unit) -> _Unit | None:
         """A step other than both on some dependency path start → goal, or None."""
-        stack = [(s, s) for s in self.successors(start) if s is not goal]
+        stack = [(s, s) for s in self._ordered_successors(start) if s is not goal]
         seen = {start}
         best: _Unit | None = None
         while stack:
@@ -235,8 +235,12 @@ class Fuser:
                 if first.extern is not None or unit.extern is not None:
                     return first if first.extern is not None else unit
                 best = best or first
-            stack += [(s, first) for s in self.successors(unit) if s is not goal]
+            stack += [(s, first) for s in self._ordered_successors(unit) if s is not goal]
         return best
+
+    def _ordered_successors(self, unit: _Unit) -> list[_Unit]:
+        # by position, not set order (ids): the step a reason names is the same in every run
+        return sorted(self.successors(unit), key=lambda u: u.key)
 
     def check(self, a: _Unit, b: _Unit) -> str | None:
         """None when a and b may fuse, else the reason they may not."""
