@@ -77,19 +77,28 @@ def kiln_dynamic(model, vocab, lens):
                   per_size_traces=sum(not t.symbolic for t in traces),
                   pipeline_compiles=len(recorder.pipeline_timings),
                   recompiles=[str(r)[:200] for r in recorder.recompiles])
+    return per_length(compiled, vocab, lens), counts, first_s
+
+
+def per_length(compiled, vocab, lens) -> dict[int, float]:
+    """Median ms of `compiled` at each length (already compiled for them)."""
     times = {}
     for seq in lens:
         x = tokens(vocab, seq)
         times[seq] = bench(lambda: compiled(x))
-    return times, counts, first_s
+    return times
+
+
+def static_at(compiled, vocab, seq) -> float:
+    """Median ms of a fresh static compile at one length (its first call compiles)."""
+    x = tokens(vocab, seq)
+    compiled(x)
+    return bench(lambda: compiled(x))
 
 
 def kiln_static(model, vocab, seq):
     kiln.reset()
-    compiled = kiln.compile(model, dynamic=False)
-    x = tokens(vocab, seq)
-    compiled(x)
-    return bench(lambda: compiled(x))
+    return static_at(kiln.compile(model, dynamic=False), vocab, seq)
 
 
 def torch_dynamic(model, vocab, lens):
@@ -104,19 +113,12 @@ def torch_dynamic(model, vocab, lens):
     torch.cuda.synchronize()
     compile_s = round(time.perf_counter() - start, 1)
     graphs = dynamo_utils.counters["stats"]["unique_graphs"]
-    times = {}
-    for seq in lens:
-        x = tokens(vocab, seq)
-        times[seq] = bench(lambda: compiled(x))
-    return times, graphs, compile_s
+    return per_length(compiled, vocab, lens), graphs, compile_s
 
 
 def torch_static(model, vocab, seq):
     torch._dynamo.reset()
-    compiled = torch.compile(model, dynamic=False)
-    x = tokens(vocab, seq)
-    compiled(x)
-    return bench(lambda: compiled(x))
+    return static_at(torch.compile(model, dynamic=False), vocab, seq)
 
 
 def sweep(name: str, lens, torch_static_lens, rows: list) -> None:

@@ -14,6 +14,8 @@ pytest.importorskip("triton")
 # DEVICE below is the GPU where there is one; oracles run on CPU copies
 pytestmark = pytest.mark.explicit_device
 
+from launch_fakes import FakeCompiledKernel  # noqa: E402
+
 from kiln.codegen import emit_kernel  # noqa: E402
 from kiln.codegen import triton_build  # noqa: E402
 from kiln.codegen.triton_build import run_graph  # noqa: E402
@@ -127,22 +129,6 @@ def test_stage_timer_accumulates():
     with stage_timer(timings, "codegen"):
         sum(range(1000))
     assert 0 < first < timings["codegen"] < 5
-
-
-class FakeCompiledKernel:
-    """Records what a bound launch hands the C launcher."""
-
-    function = 0xF00
-    packed_metadata = ("metadata",)
-
-    def __init__(self):
-        self.calls = []
-
-    def run(self, *args):
-        self.calls.append(args)
-
-    def launch_metadata(self, *args):
-        raise AssertionError("launch metadata is only computed for launch hooks")
 
 
 def test_bound_launch_passes_storage_pointers_grid_and_constexprs(monkeypatch):

@@ -10,6 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from launch_fakes import FakeCompiledKernel
+
 import kiln.runtime.launcher as launcher_module
 from kiln.backends.per_size import SizeCache, SymbolicCompiled, symbolic_or_per_size
 from kiln.lower import _compat
@@ -274,21 +276,6 @@ def test_slices_index_and_cat_with_symbolic_bounds_compile_once(device, kernel_c
     assert len(kernel_compiles) == compiled
 
 
-class _FakeCompiledKernel:
-    """What a bound launch hands the C launcher (the real CompiledKernel needs a GPU)."""
-
-    function, packed_metadata = 0xF00, ("metadata",)
-
-    def __init__(self):
-        self.calls = []
-
-    def run(self, *args):
-        self.calls.append(args)
-
-    def launch_metadata(self, *args):
-        raise AssertionError("launch metadata is only computed for launch hooks")
-
-
 def test_bound_launch_of_a_symbolic_kernel_passes_sizes_and_a_per_call_grid(monkeypatch):
     """config.symbolic_bound_launch: pointers, then the sizes, then the constexprs, in the
     kernel's parameter order; the grid computed from this call's sizes, as spec.grid does."""
@@ -299,7 +286,7 @@ def test_bound_launch_of_a_symbolic_kernel_passes_sizes_and_a_per_call_grid(monk
     (lc,) = _launched(artifact)
     (size,) = lc.spec.size_args  # the ShapeEnv's name for x's batch
     assert lc.bindable and f"do_not_specialize=[{size!r}]" in lc.spec.source
-    fake = lc.kernel = _FakeCompiledKernel()
+    fake = lc.kernel = FakeCompiledKernel()
     lc.bind()
     assert lc.fast, lc.source
     for batch in (3, 1000):
