@@ -277,3 +277,22 @@ def test_a_fused_half_chain_rounds_at_every_op_as_eager(device, half):
     rounded_once = (acc32 * 3).to(half).long()
     assert (rounded_once != fn(x)[1]).any(), "inputs too easy: one rounding gives eager's answer"
     _assert_same_call(fn, make)
+
+
+def test_variance_of_a_row_of_equal_values_is_zero_as_eager(device):
+    """Fuzz seed 120422: `x.index_select(0, [2, 2, 2]).var(0) > 0` was True in one column:
+    the mean as sum / 3 is not the value when 3 * c rounds, eager's Welford mean is. The
+    shifted mean (first element + sum of differences / n) is exact on such rows."""
+    def fn(x):
+        rows = x.index_select(0, torch.tensor([2, 2, 2], device=x.device))
+        var, mean = torch.var_mean(rows, dim=0, correction=0)
+        return var, var > 0, mean, torch.layer_norm(rows.t(), (3,)), rows.std(0)
+
+    def make():
+        c = torch.randn(4000, device=device) * 10
+        rounds = c[(c + c + c) / 3 != c]  # values whose mean as sum / 3 is not the value
+        return [rounds[:6].reshape(2, 3).repeat(2, 1)]
+
+    assert make()[0].shape == (4, 3)
+    _assert_same_call(fn, make)
+    assert not fn(*make())[1].any()

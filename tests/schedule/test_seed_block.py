@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from schedule_graphs import (
+    assert_as_close_to_float64_as_eager,
     assert_runs_like_eager,
     assert_valid_order,
     real_inputs,
@@ -86,8 +87,9 @@ def test_training_graphs_schedule_and_explain(training) -> None:
         pairs = {(d.a, d.b) for d in sched.decisions}
         assert all(p in pairs for p in zip(computed, computed[1:]))
         inputs = real_inputs(example)
-        # random stand-ins for saved activations make large values: eager's op order differs
-        assert_runs_like_eager(sched, inputs, _eager(gm, inputs), rtol=1e-3, atol=1e-4)
+        # random stand-ins for saved activations make values up to ~4e4, whose float32
+        # rounding differs by op order: judged against float64, no worse than eager's own error
+        assert_as_close_to_float64_as_eager(sched, gm, inputs)
         assert_runs_like_eager(sched, inputs, run_ir(graph, inputs), rtol=1e-6, atol=1e-6)
 
 

@@ -18,7 +18,8 @@ from kiln.lower.index import Expr
 from kiln.lower.ir import Reduction, compute_dtype
 from kiln.lower.rule_table import Call, LoweringError, register
 from kiln.lower.ops import ops
-from kiln.lower.rules.helpers import inlined_origins, loader_as, norm_dims, pointwise, scalar_loader
+from kiln.lower.rules.helpers import (has_elements, inlined_origins, loader_as, norm_dims, pointwise,
+                                    scalar_loader)
 from kiln.lower.values import BufferValue, TensorValue, ViewValue
 
 aten = torch.ops.aten
@@ -179,14 +180,38 @@ def _squeeze_view(value: TensorValue, rdims: Sequence[int]) -> TensorValue:
     return ViewValue(value, size, reindex, "squeeze")
 
 
+def _shifted_mean(call: Call, x: TensorValue, rdims: Sequence[int], n: Any,
+                  kept_size: Sequence[Any], dtype: torch.dtype) -> TensorValue:
+    """The mean over `rdims` as `p + sum(x - p) / n`, p each row's first element: a row of
+    equal values gives exactly that value, as eager's Welford mean does (`sum / n` need not:
+    3 * c can round, and var(x) of a constant row then came out above 0, fuzz seed 120422).
+    Elsewhere as accurate as `sum / n` or better (the sum adds smaller terms)."""
+    comp = compute_dtype(dtype)
+    lx = loader_as(x, comp)
+
+    def first_of_row(index: Sequence[Expr]) -> list[Expr]:
+        return [Expr((), 0) if d in rdims else i for d, i in enumerate(index)]
+
+    shifted = pointwise(call, x.size, lambda i: ops.sub(lx(i), lx(first_of_row(i))), comp,
+                        [x], stride=None)
+    total = reduce(call, shifted, rdims, True, "sum", comp)
+    lt, k = loader_as(total, comp), _count_loader(_as_count(n), comp)
+    return pointwise(call, kept_size,
+                     lambda i: ops.add(lx(first_of_row(i)), ops.truediv(lt(i), k(i))),
+                     dtype, [x, total], stride=None)
+
+
 def _var_mean(call: Call, x: TensorValue, dim: Any, correction: float | None,
               keepdim: bool, out_dtype: torch.dtype) -> tuple[TensorValue, TensorValue]:
     comp = compute_dtype(out_dtype)
     rdims = norm_dims(dim, len(x.size))
     n = _count(x, dim)
     kept_size = [1 if d in rdims else s for d, s in enumerate(x.size)]
-    total = reduce(call, x, rdims, True, "sum", comp)
-    mean = _divide(call, total, _as_count(n), comp, kept_size, [total])
+    if has_elements([x.size[d] for d in rdims]):
+        mean = _shifted_mean(call, x, rdims, n, kept_size, comp)
+    else:  # no first element to shift by: sum / n (0 / 0, NaN, as eager)
+        total = reduce(call, x, rdims, True, "sum", comp)
+        mean = _divide(call, total, _as_count(n), comp, kept_size, [total])
     mean_b = loader_as(mean, comp, x.size)
     lx = loader_as(x, comp, into=out_dtype)
 
@@ -199,7 +224,8 @@ def _var_mean(call: Call, x: TensorValue, dim: Any, correction: float | None,
     denom = _denominator(n, 1.0 if correction is None else correction)
     var = _divide(call, squares, denom, out_dtype, kept_size, [squares])
     if out_dtype != comp:
-        mean = _divide(call, total, _as_count(n), out_dtype, kept_size, [total])
+        lm = loader_as(mean, comp)
+        mean = pointwise(call, kept_size, lm, out_dtype, [mean], stride=None)
     if not keepdim:
         var, mean = _squeeze_view(var, rdims), _squeeze_view(mean, rdims)
     return var, mean
