@@ -20,7 +20,7 @@ from kiln.capture.unsupported import unsupported
 from kiln.capture.variables.base import VT, ConstantVT, LazyVT
 from kiln.capture.variables.containers import DictVT, ListVT, TupleVT
 from kiln.capture.variables.functions import OpaqueCallableVT
-from kiln.capture.variables.objects import ClassVT, OpaqueMethodVT
+from kiln.capture.variables.objects import OpaqueMethodVT
 from kiln.capture.variables.scalars import SymScalarVT
 from kiln.capture.variables.tensor import TensorVT
 from kiln.config import config
@@ -39,7 +39,7 @@ _FUNCTIONS = {getattr(logging, n) for n in _LEVELS if hasattr(logging, n)} | {wa
 _EXC_INFO = "it logs the exception being handled (sys.exc_info()), which is over when the " \
             "graph has run"
 _IMMUTABLE = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device,
-              torch.layout, torch.memory_format, range, type(Ellipsis), enum.Enum, type)
+              torch.layout, torch.memory_format, range, slice, type(Ellipsis), enum.Enum, type)
 
 
 def logger_method(obj: VT, name: str, attr: Any) -> VT | None:
@@ -143,13 +143,14 @@ def _snapshot(tx: Translator, vt: VT) -> VT:
     if isinstance(vt, TensorVT):
         tx.output.logged_tensors.append((vt.fake, vt.fake._version, tx.location()))
         return vt
-    if isinstance(vt, (SymScalarVT, ClassVT)):
+    if isinstance(vt, SymScalarVT):
         return vt
-    if isinstance(vt, ConstantVT):
-        if type(vt.value) in (set, frozenset) and all(_immutable(v) for v in vt.value):
-            return ConstantVT(type(vt.value)(vt.value))  # a set the trace may add to later
-        if _immutable(vt.value):
-            return vt
+    if isinstance(vt, ConstantVT) and type(vt.value) is set:
+        if all(_immutable(v) for v in vt.value):
+            return ConstantVT(set(vt.value))  # a copy: the trace may add to the set later
+    elif vt.is_constant() and not isinstance(vt, (TupleVT, ListVT, DictVT)) and \
+            _immutable(vt.as_constant()):  # numbers, strings, classes (a warning category)
+        return vt
     if isinstance(vt, TupleVT):
         return TupleVT([_snapshot(tx, i) for i in vt.items], vt.cls)
     if isinstance(vt, ListVT):
