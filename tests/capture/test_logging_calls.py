@@ -206,6 +206,24 @@ def test_changing_int_argument(records):
     assert backend.count <= 2
 
 
+def test_is_enabled_for_is_a_guarded_constant(records):
+    def fn(x):
+        y = x.tanh()
+        if LOG.isEnabledFor(logging.DEBUG):
+            LOG.debug("detail %s", y.max())
+        return y * LOG.getEffectiveLevel()
+    backend = CountingBackend()
+    compiled = kiln.compile(fn, backend=backend)
+    for level, graphs in ((logging.INFO, 1), (logging.INFO, 1), (logging.DEBUG, 2)):
+        LOG.setLevel(level)  # a new level fails the guard: a second graph, no break
+        x = torch.randn(3)
+        expected, want = fn(x.clone()), records()
+        assert_same_structure_and_values(expected, compiled(x))
+        assert records() == want and backend.count == graphs
+    assert want and want[0][0] == "DEBUG"
+    assert _explain(fn, torch.randn(3))[:2] == (1, 0)
+
+
 # --- refusals: a break at the call, with the reason; the records and results are eager's -------
 
 class Box:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from kiln.capture.guards import Guard
 from kiln.capture.unsupported import unsupported
 from kiln.capture.variables.base import VT, ConstantVT, LazyVT
 from kiln.capture.variables.containers import DictVT, ListVT, TupleVT
@@ -29,11 +30,12 @@ if TYPE_CHECKING:
     from kiln.capture.output_graph import OutputGraph
     from kiln.capture.translator import Translator
 
-__all__ = ["LogMethodVT", "LogFunctionVT", "logger_method", "log_function",
+__all__ = ["LogMethodVT", "LogFunctionVT", "LogQueryVT", "logger_method", "log_function",
            "check_logged_tensors"]
 
 _LEVELS = ("debug", "info", "warning", "warn", "error", "critical", "fatal", "log")
 _LOGGER_TYPES = (logging.Logger, logging.LoggerAdapter)
+_QUERIES = ("isEnabledFor", "getEffectiveLevel")  # reads: folded to guarded constants
 # Module-level functions replayed like logger methods.
 _FUNCTIONS = {getattr(logging, n) for n in _LEVELS if hasattr(logging, n)} | {warnings.warn}
 _EXC_INFO = "it logs the exception being handled (sys.exc_info()), which is over when the " \
@@ -54,6 +56,8 @@ def logger_method(obj: VT, name: str, attr: Any) -> VT | None:
     if fn.__module__ == "logging":  # the stdlib's own (a subclass override is user code)
         if name == "exception":
             return LogMethodVT(obj, name, refused=f"logger.exception: {_EXC_INFO}")
+        if name in _QUERIES:
+            return LogQueryVT(obj, name, fn)
         return LogMethodVT(obj, name) if name in _LEVELS else None
     on_base = any(name in klass.__dict__ for klass in _LOGGER_TYPES)
     return LogMethodVT(obj, name) if on_base and name.split("_")[0] in _LEVELS else None
@@ -117,6 +121,30 @@ _WHY = {"exc_info": f"exc_info: {_EXC_INFO}",
         "stack_info": "stack_info prints the caller's stack, which is kiln's entry by then",
         "stacklevel": "stacklevel names a caller frame, and the replay's callers are kiln's",
         "source": "source= is a live object, whose state may differ after the graph"}
+
+
+class LogQueryVT(OpaqueMethodVT):
+    """`logger.isEnabledFor(level)` / `logger.getEffectiveLevel()` with constant arguments:
+    answered at compile time and guarded by the same call (a `setLevel`, `logging.disable` or
+    a new parent level recompiles), so `if logger.isEnabledFor(DEBUG):` does not break."""
+
+    def __init__(self, owner: VT, name: str, fn: types.FunctionType) -> None:
+        super().__init__(owner, name)
+        self.fn = fn
+
+    def call(self, tx: Translator, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        owner = self.owner
+        if kwargs or owner.source is None or not all(
+                a.is_constant() and type(a.as_constant()) is int for a in args):
+            return OpaqueCallableVT(self.fn).call(tx, [owner, *args], kwargs)  # as before
+        values = [a.as_constant() for a in args]
+        result = getattr(owner.value, self.name)(*values)
+        call = f"{self.name}({', '.join(map(repr, values))})"
+        tx.output.guards.add(Guard(
+            f"{owner.source.expr()}.{call}", "is" if isinstance(result, bool) else "==",
+            repr(result), result, f"{owner.source.name()}.{call}", "constant",
+            location=tx.location()))
+        return ConstantVT(result)
 
 
 def _refusal(what: str, args: list[VT], kwargs: dict[str, VT]) -> str | None:
