@@ -134,6 +134,22 @@ def test_logger_adapter(records):
     assert backend.count == 1 and want[0][0] == "WARNING"
 
 
+class CountingLogger(logging.Logger):
+    def info_scale(self):  # the subclass's own method: user code, traced as before
+        return 3
+
+
+def test_logger_subclass(records):
+    sub = CountingLogger(LOG.name + ".sub")
+    sub.parent = LOG  # its records reach the test handler
+
+    def fn(x):
+        sub.info("sub %s", x.shape)
+        return x * sub.info_scale()
+    backend, want = _compare(fn, records)
+    assert want == [("INFO", "sub torch.Size([4, 3])")] and backend.count == 1
+
+
 @pytest.fixture
 def warning_once(monkeypatch):
     """A transformers-style `Logger.warning_once`: an lru_cache'd function set on the class."""

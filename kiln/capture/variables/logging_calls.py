@@ -59,7 +59,9 @@ def logger_method(obj: VT, name: str, attr: Any) -> VT | None:
         if name in _QUERIES:
             return LogQueryVT(obj, name, fn)
         return LogMethodVT(obj, name) if name in _LEVELS else None
-    on_base = any(name in klass.__dict__ for klass in _LOGGER_TYPES)
+    # a library's helper set on Logger itself; a subclass's own method is user code, which
+    # may do more than emit (it is traced as before)
+    on_base = any(klass.__dict__.get(name) is attr for klass in _LOGGER_TYPES)
     return LogMethodVT(obj, name) if on_base and name.split("_")[0] in _LEVELS else None
 
 
