@@ -110,6 +110,16 @@ _FIELDS: dict[str, _Field] = {
                                     "kernels with symbolic sizes launch through the bound "
                                     "route (C launcher called directly, grid computed in the "
                                     "generated launch function) instead of fn[grid]"),
+    # On by default (TorchDynamo's reorderable_logging_functions is opt-in): a logger call in a
+    # forward (transformers' warning_once in every loss_function) otherwise splits the graph.
+    "reorder_logging": _Field(True, bool, "KILN_REORDER_LOGGING",
+                              "logger calls (debug/info/warning/error/critical/log, library "
+                              "helpers such as warning_once), logging.info & co. and "
+                              "warnings.warn are replayed after the graph with the argument "
+                              "values of the call instead of breaking it; visible difference: "
+                              "the record's caller location (file, line, function) is kiln's "
+                              "entry, and it is emitted after the graph has computed "
+                              "(docs/capture.md, 'Logging calls'); read at capture time"),
     # Off by default: its ResNet-50 gain (5.1 -> 3.5 ms of kernels, 4.0 ms in a kiln-only run)
     # did not show in a run beside eager and torch.compile (5.38 ms), and NHWC convolutions give
     # float32 results off eager's by TF32 algorithm differences (benchmarks/RESULTS.md,

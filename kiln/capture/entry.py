@@ -211,6 +211,11 @@ class _Rebuilder:
         value = self.output.pending_globals[(id(fn_globals), name)]
         return [f"{self.consts.ref(fn_globals)}[{name!r}] = {self.expr(value)}"]
 
+    def _replay_log(self, payload: tuple[VT, list[VT], dict[str, VT]]) -> list[str]:
+        callee, args, kwargs = payload  # called natively: lru_cache helpers keep their cache
+        parts = [self.expr(a) for a in args] + [f"{k}={self.expr(v)}" for k, v in kwargs.items()]
+        return [f"{self.expr(callee)}({', '.join(parts)})"]
+
     def _replay_cell(self, box: Any) -> list[str]:
         target = box.source.expr()
         if box.value is None:  # `del` (DELETE_DEREF): the cell may have been empty already

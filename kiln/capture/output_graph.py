@@ -54,6 +54,8 @@ class OutputGraph:
         self._input_by_id: dict[int, TensorVT] = {}
         self._vt_by_fake: dict[int, TensorVT] = {}
         self.side_effects: list[Callable[[Any], None]] = []
+        # (fake, its version, where) of tensors a replayed logging call reads (logging_calls)
+        self.logged_tensors: list[tuple[torch.Tensor, int, Any]] = []
         self._names: dict[str, int] = {}
         self.open_contexts: list[Any] = []  # autocast modes entered by traced code, not yet left
         self.pending_globals: dict[tuple[int, str], Any] = {}
@@ -171,10 +173,20 @@ class OutputGraph:
             unsupported("op-failed", f"{_target_name(target)} failed on the traced values: "
                         f"{type(err).__name__}: {err}", category="user-fixable",
                         hint="run the function eagerly with the same inputs to see the error")
+        if self.logged_tensors:
+            self._check_logged(node)
         node.meta["val"] = value
         self._attach_location(node)
         self._note_unbacked(node, target, value)
         return node, value
+
+    def _check_logged(self, node: torch.fx.Node) -> None:
+        from kiln.capture.variables.logging_calls import check_logged_tensors
+        try:
+            check_logged_tensors(self)
+        except Exception:
+            self.graph.erase_node(node)
+            raise
 
     def has_symbols(self) -> bool:
         """Symbolic input sizes or data-dependent ones: fake computations then run under

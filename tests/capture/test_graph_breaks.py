@@ -173,6 +173,9 @@ def log_in_forward(x):
     return z * 2
 
 
+# With kiln.config.reorder_logging (the default) these calls are replayed after one graph
+# (tests/capture/test_logging_calls.py); here it is off, so each call is a break.
+@kiln.config.config.patch(reorder_logging=False)
 def test_logging_inside_forward_keeps_record_order(caplog):
     caplog.set_level(logging.INFO, logger=LOG.name)
     backend = CountingBackend()
@@ -192,6 +195,7 @@ def test_logging_inside_forward_keeps_record_order(caplog):
     assert backend.count == 3
 
 
+@kiln.config.config.patch(reorder_logging=False)
 def test_logging_breaks_reported_per_call_site(caplog):
     caplog.set_level(logging.INFO, logger=LOG.name)
     log_in_forward(torch.randn(6))  # the program logged before: the logger's level cache is warm

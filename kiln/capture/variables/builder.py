@@ -186,6 +186,10 @@ def _wrap_callable(tx: Translator, value: Any, source: Source | None) -> VT:
         # `@functools.lru_cache` helpers (transformers' is_*_available)
         from kiln.capture.variables.reflection import LruCachedVT
         return LruCachedVT(value, source)
+    from kiln.capture.variables.logging_calls import log_function
+    deferred = log_function(value, source)  # logging.info & co., warnings.warn
+    if deferred is not None:
+        return deferred
     kind = rules.classify(value)
     if kind == "module":
         return PythonModuleVT(value, source)

@@ -237,6 +237,11 @@ class _ObjectBase(VT):
         attr = lookup_class_attr(self.cls, name)
         if attr is MISSING:
             return None
+        if isinstance(self, UserObjectVT):  # a logger's emitting methods: replayed later
+            from kiln.capture.variables.logging_calls import logger_method
+            deferred = logger_method(self, name, attr)
+            if deferred is not None:
+                return deferred
         if _is_library_method(attr):  # dict's or collections.abc's own reads of a registry
             from kiln.capture.variables.mappings import MappingMethodVT
             method = MappingMethodVT.lookup(self, name)
