@@ -43,6 +43,7 @@ def test_defaults():
         "symbolic_kernels": True,
         "symbolic_bound_launch": False,
         "optimize_ddp": True,
+        "reorder_logging": True,
         "capture_dynamic_output_shape_ops": False,
         "capture_scalar_outputs": False,
     }
