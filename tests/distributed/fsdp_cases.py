@@ -19,14 +19,14 @@ import torch.nn as nn
 
 from gloo_common import MAKERS, Trained, train
 
-__all__ = ["fsdp_cases"]
+__all__ = ["fsdp_case", "fsdp_cases"]
 
 
-def _mesh() -> Any:
+def _mesh(device: str) -> Any:
     from torch.distributed.device_mesh import init_device_mesh
-    # A CPU mesh said outright: fully_shard's default mesh takes the accelerator where there is
-    # one, and on a one-GPU machine rank 1 then picks cuda:1, which does not exist (SIGSEGV).
-    return init_device_mesh("cpu", (torch.distributed.get_world_size(),))
+    # The device said outright: fully_shard's default mesh takes the accelerator where there is
+    # one, and on a one-GPU machine gloo's rank 1 then picks cuda:1, which does not exist.
+    return init_device_mesh(device, (torch.distributed.get_world_size(),))
 
 
 def _policy(mixed: bool) -> Any:
@@ -37,9 +37,9 @@ def _policy(mixed: bool) -> Any:
     return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
 
 
-def _shard(model: nn.Module, mixed: bool = False) -> nn.Module:
+def _shard(model: nn.Module, mixed: bool, device: str) -> nn.Module:
     from torch.distributed.fsdp import fully_shard
-    mesh, policy = _mesh(), _policy(mixed)
+    mesh, policy = _mesh(device), _policy(mixed)
     for layer in _layers(model):
         fully_shard(layer, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
@@ -50,15 +50,16 @@ def _layers(model: nn.Module) -> nn.ModuleList:
     return model.h if hasattr(model, "h") else model.layers  # GPT-2's blocks, the Stack's
 
 
-def _fsdp_case(name: str, how: str, backend: str, rank: int, mixed: bool = False) -> Trained:
+def fsdp_case(name: str, how: str, backend: str, rank: int, mixed: bool = False,
+               device: str = "cpu") -> Trained:
     import kiln
     if name == "gpt2" or mixed:  # captured afresh: the case's graphs are all it compiled
         kiln.reset()
     torch.manual_seed(0)
-    base = MAKERS[name]()
-    ref = _shard(copy.deepcopy(base), mixed)
-    ref_opt = train(ref, ref, name, rank)
-    model = _shard(copy.deepcopy(base), mixed)
+    base = MAKERS[name]().to(device)  # made on the CPU: the same weights on every device
+    ref = _shard(copy.deepcopy(base), mixed, device)
+    ref_opt = train(ref, ref, name, rank, device)
+    model = _shard(copy.deepcopy(base), mixed, device)
     layers = _layers(model)
     if how == "layers":  # each sharded layer compiled and assigned back (layer.compile style)
         for i, layer in enumerate(layers):
@@ -66,7 +67,7 @@ def _fsdp_case(name: str, how: str, backend: str, rank: int, mixed: bool = False
         run: Callable = model
     else:  # the whole sharded model: the layer calls break, each layer compiles on its own
         run = kiln.compile(model, backend=backend)
-    return Trained(ref, model, ref_opt, train(run, model, name, rank))
+    return Trained(ref, model, ref_opt, train(run, model, name, rank, device))
 
 
 # the whole model with aot_eager too would add 2-4 s to CI for no path the others miss
@@ -78,10 +79,10 @@ def fsdp_cases(backends: tuple[str, ...]) -> dict[str, Callable[[int], Any]]:
     for backend in backends:
         for how in ("layers", "whole"):
             cases[f"fsdp2-{how}-{backend}"] = (
-                lambda rank, h=how, b=backend: _fsdp_case("stack", h, b, rank))
+                lambda rank, h=how, b=backend: fsdp_case("stack", h, b, rank))
         cases[f"fsdp2-mp-{backend}"] = (
-            lambda rank, b=backend: _fsdp_case("stack", "layers", b, rank, mixed=True))
+            lambda rank, b=backend: fsdp_case("stack", "layers", b, rank, mixed=True))
         for how in GPT2_WAYS[backend]:
             cases[f"fsdp2-gpt2-{how}-{backend}"] = (
-                lambda rank, h=how, b=backend: _fsdp_case("gpt2", h, b, rank))
+                lambda rank, h=how, b=backend: fsdp_case("gpt2", h, b, rank))
     return cases

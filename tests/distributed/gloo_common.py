@@ -57,10 +57,11 @@ def _input(name: str, gen: torch.Generator) -> torch.Tensor:
     return torch.randn(INPUTS[name], generator=gen)
 
 
-def inputs(name: str, rank: int) -> list[torch.Tensor]:
-    """Fresh random inputs per rank and step (never zeros: zeros hide wrong weights)."""
+def inputs(name: str, rank: int, device: str = "cpu") -> list[torch.Tensor]:
+    """Fresh random inputs per rank and step (never zeros: zeros hide wrong weights), drawn on
+    the CPU so that every device trains on the same values."""
     gen = torch.Generator().manual_seed(1000 + 17 * rank + len(name))
-    return [_input(name, gen) for _ in range(STEPS)]
+    return [_input(name, gen).to(device) for _ in range(STEPS)]
 
 
 def optimizer(name: str, params: Any) -> torch.optim.Optimizer:
@@ -72,10 +73,11 @@ def optimizer(name: str, params: Any) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=1e-3, eps=1e-4)
 
 
-def train(run: Callable, model: nn.Module, name: str, rank: int) -> torch.optim.Optimizer:
+def train(run: Callable, model: nn.Module, name: str, rank: int, device: str = "cpu"
+          ) -> torch.optim.Optimizer:
     """STEPS optimizer steps of `run` over `model`'s parameters; the optimizer, for its state."""
     opt = optimizer(name, model.parameters())
-    for x in inputs(name, rank):
+    for x in inputs(name, rank, device):
         opt.zero_grad()
         run(x).float().square().mean().backward()
         opt.step()
@@ -100,14 +102,28 @@ def _full(t: torch.Tensor | None) -> torch.Tensor | None:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
-def _max_diff(a: torch.Tensor | None, b: torch.Tensor | None, what: str) -> float:
+@dataclasses.dataclass(frozen=True)
+class Tol:
+    """A difference is measured as |kiln - eager| / (atol + rtol * |eager|), largest over the
+    elements: with the default, the plain largest difference; with a test's tolerances, at
+    most 1 means torch.allclose."""
+
+    rtol: float = 0.0
+    atol: float = 1.0
+
+
+def _max_diff(a: torch.Tensor | None, b: torch.Tensor | None, what: str, tol: Tol) -> float:
     a, b = _full(a), _full(b)
     if (a is None) != (b is None):
         raise AssertionError(f"{what} is None in only one of eager and kiln")
-    return 0.0 if a is None else (a.float() - b.float()).abs().max().item()
+    if a is None:
+        return 0.0
+    a, b = a.float(), b.float()
+    return ((a - b).abs() / (tol.atol + tol.rtol * a.abs())).max().item()
 
 
-def _state_diff(t: Trained, named: list[tuple[str, nn.Parameter, nn.Parameter]]) -> float:
+def _state_diff(t: Trained, named: list[tuple[str, nn.Parameter, nn.Parameter]], tol: Tol
+                ) -> float:
     """Optimizer state (SGD's momentum, AdamW's exp_avg, exp_avg_sq and step) per parameter."""
     diff = 0.0
     for name, a, b in named:
@@ -116,16 +132,16 @@ def _state_diff(t: Trained, named: list[tuple[str, nn.Parameter, nn.Parameter]])
             raise AssertionError(f"{name}: optimizer state {sorted(sa)} != {sorted(sb)}")
         for key in sorted(sa):
             if isinstance(sa[key], torch.Tensor):
-                diff = max(diff, _max_diff(sa[key], sb[key], f"{name} {key}"))
+                diff = max(diff, _max_diff(sa[key], sb[key], f"{name} {key}", tol))
     return diff
 
 
-def diffs(t: Trained) -> dict[str, float]:
-    """The largest difference from eager of parameters, gradients and optimizer state."""
+def diffs(t: Trained, tol: Tol = Tol()) -> dict[str, float]:
+    """The largest difference from eager of parameters, gradients and optimizer state (`Tol`)."""
     named = [(n, a, b) for (n, a), (_, b) in
              zip(t.ref.named_parameters(), t.got.named_parameters(), strict=True)]
     if not named or not t.ref_opt.state:
         raise AssertionError("nothing trained")
-    return {"param": max(_max_diff(a.detach(), b.detach(), n) for n, a, b in named),
-            "grad": max(_max_diff(a.grad, b.grad, f"{n}.grad") for n, a, b in named),
-            "state": _state_diff(t, named)}
+    return {"param": max(_max_diff(a.detach(), b.detach(), n, tol) for n, a, b in named),
+            "grad": max(_max_diff(a.grad, b.grad, f"{n}.grad", tol) for n, a, b in named),
+            "state": _state_diff(t, named, tol)}

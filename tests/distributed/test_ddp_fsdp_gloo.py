@@ -7,11 +7,7 @@ documented ones (docs/distributed.md), and under FSDP2 layers of one shape share
 """
 from __future__ import annotations
 
-import json
-import os
-import socket
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -42,52 +38,18 @@ pytestmark = [pytest.mark.explicit_device,
               pytest.mark.skipif(_gloo_missing() is not None, reason=_gloo_missing() or "")]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _spawn(out_dir: Path) -> None:
-    import torch.multiprocessing as mp
-
-    import gloo_cases
-    saved = dict(os.environ)
-    # children import kiln from here, and see no GPU: these are CPU (gloo) runs
-    os.environ.update(child_env(KILN_TEST_DEVICE="cpu", CUDA_VISIBLE_DEVICES=""))
-    try:
-        ctx = mp.start_processes(gloo_cases.run_rank, nprocs=WORLD, join=False,
-                                 start_method="spawn",
-                                 args=(WORLD, f"tcp://127.0.0.1:{_free_port()}", str(out_dir)))
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-    deadline = time.monotonic() + DEADLINE_S
-    try:
-        while not ctx.join(timeout=1):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the {WORLD} gloo ranks ran past {DEADLINE_S} s")
-    finally:
-        for proc in ctx.processes:
-            if proc.is_alive():
-                proc.kill()
-                proc.join(5)
-
-
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
-    out_dir = tmp_path_factory.mktemp("gloo")
-    _spawn(out_dir)
-    return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(WORLD)]
+    import gloo_cases
+    # children import kiln from here, and see no GPU: these are CPU (gloo) runs
+    env = child_env(KILN_TEST_DEVICE="cpu", CUDA_VISIBLE_DEVICES="")
+    return gloo_cases.spawn_cases(gloo_cases.run_rank, WORLD, tmp_path_factory.mktemp("gloo"),
+                                  env, DEADLINE_S)
 
 
 def _case(results: list[dict], name: str) -> list[dict]:
-    per_rank = []
-    for rank, found in enumerate(results):
-        assert name in found, f"rank {rank} did not reach case {name} (an earlier case failed)"
-        assert "error" not in found[name], f"rank {rank}, {name}:\n{found[name]['error']}"
-        per_rank.append(found[name])
-    return per_rank
+    import gloo_cases
+    return gloo_cases.case_of(results, name)
 
 
 def _check_training(per_rank: list[dict], name: str, tol: float = TOL) -> None:
