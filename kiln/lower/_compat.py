@@ -77,6 +77,10 @@ def elementwise_dtypes(*args: Any, kind: Any) -> tuple[torch.dtype, torch.dtype]
     meta are fine — and Python scalars), torch's type promotion."""
     from torch._prims_common import elementwise_dtypes as promote
 
+    from kiln.lower.index import Expr
+
+    # a symbolic size (an `Expr` while lowering symbolically) is an int: only types promote
+    args = tuple(0 if isinstance(a, Expr) else a for a in args)
     return promote(*args, type_promotion_kind=kind)
 
 

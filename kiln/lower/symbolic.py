@@ -24,6 +24,7 @@ import torch
 from kiln.lower import _compat
 from kiln.lower.index import Expr, as_expr, size_expr
 from kiln.lower.rule_table import LoweringError
+from kiln.lower.size_scalars import size_arithmetic
 
 __all__ = ["SymMeta", "SymbolicShapeError", "active", "is_symbolic_graph", "lower_metas",
            "python_op", "symbolic_lowering", "to_size"]
@@ -203,10 +204,24 @@ PYTHON_OPS = {operator.add: operator.add, operator.sub: operator.sub,
               operator.mod: operator.mod, operator.neg: operator.neg}
 
 
+PYTHON_OPS[operator.truediv] = operator.truediv  # of plain numbers; else a SizeScalar
+
+
 def python_op(node: torch.fx.Node, args: tuple) -> Any:
-    """The value of a size-arithmetic node, or raise for any other non-ATen target."""
+    """The value of a size-arithmetic node, or raise for any other non-ATen target. A float
+    that depends on the sizes (batch norm's `n / (n - 1)`) is a `SizeScalar` for the kernels
+    to compute."""
+    args = tuple(_plain(to_size(a)) for a in args)
+    scalar = size_arithmetic(node.target, args)
+    if scalar is not None:
+        return scalar
     fn = PYTHON_OPS.get(node.target)
     if fn is None:
         raise SymbolicShapeError(f"node {node.name} calls {node.target}, which the symbolic "
                                  "lowering does not evaluate")
-    return fn(*(to_size(a) for a in args))
+    return fn(*args)
+
+
+def _plain(value: Any) -> Any:
+    """A constant `Expr` as the int it is (Python's `/` then applies to it)."""
+    return value.const if isinstance(value, Expr) and value.is_constant else value

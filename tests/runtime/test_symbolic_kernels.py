@@ -308,3 +308,125 @@ def test_symbolic_kernels_launch_through_fn_grid_unless_asked(monkeypatch):
     assert not lc.bindable and lc._launch == lc._generic_launch
     with pytest.raises(TypeError, match=r"takes 3 tensors .* and sizes \('s\d+',\), got 3"):
         lc(x, w, torch.empty(6, 8))
+
+
+# -- conv nets over a symbolic batch (timm-style serving: the batch varies, C/H/W do not) -------
+
+def _conv_block(x, w1, w2, fc_w, fc_b, *bn):
+    """conv → bn (eval) → relu → maxpool → conv → bn → residual add → relu → adaptive avgpool
+    to 1x1 → linear: the shape of a resnet stage and its head."""
+    bn1, bn2 = bn[:4], bn[4:]
+    x = F.max_pool2d(F.relu(F.batch_norm(F.conv2d(x, w1, padding=1), *bn1, eps=1e-5)), 3, 2, 1)
+    x = F.relu(x + F.batch_norm(F.conv2d(x, w2, padding=1), *bn2, eps=1e-5))
+    return F.linear(F.adaptive_avg_pool2d(x, 1).flatten(1), fc_w, fc_b)
+
+
+def _bn_params(channels, device):
+    """running mean, running var, weight, bias"""
+    return (torch.randn(channels, device=device), torch.rand(channels, device=device) + 0.5,
+            torch.randn(channels, device=device), torch.randn(channels, device=device))
+
+
+def test_conv_block_over_batch_compiles_once(device, kernel_compiles):
+    """Convolutions (library calls whose output layout is written from the batch), batch norm
+    in eval, pooling over the static H, W, the residual add and the head: one compile, the
+    same kernel objects for every batch, 1 and primes included."""
+    params = (torch.randn(8, 3, 3, 3, device=device), torch.randn(8, 8, 3, 3, device=device),
+              torch.randn(5, 8, device=device), torch.randn(5, device=device),
+              *_bn_params(8, device), *_bn_params(8, device))
+    example = (torch.randn(4, 3, 12, 12, device=device), *params)
+    artifact = compile_graph(_symbolic(_conv_block, example, {0: {0}}), [])
+    assert artifact.graph.symbolic and all(spec.size_args for spec in artifact.specs)
+    kernels, compiled = _launched(artifact), len(kernel_compiles)
+    for batch in (1, 2, 3, 7, 16):
+        x = torch.randn(batch, 3, 12, 12, device=device)
+        (out,) = artifact(x, *params)
+        torch.testing.assert_close(out, _conv_block(x, *params), rtol=1e-4, atol=1e-4)
+    assert len(kernel_compiles) == compiled and _launched(artifact) == kernels
+
+
+def _unbiased_scale(x):
+    """Batch norm's running-variance factor `n / (n - 1)`: a float computed from the sizes."""
+    n = x.shape[0] * x.shape[2]
+    return x * (n / (n - 1)) - x.shape[0]
+
+
+def test_float_computed_from_symbolic_sizes(device, kernel_compiles):
+    artifact = compile_graph(_symbolic(_unbiased_scale, (torch.randn(4, 3, 5, device=device),),
+                                       {0: {0}}), [])
+    assert artifact.graph.symbolic
+    for batch in (1, 2, 3, 11):
+        x = torch.randn(batch, 3, 5, device=device)
+        torch.testing.assert_close(artifact(x)[0], _unbiased_scale(x))
+
+
+class _ConvNet(torch.nn.Module):
+    """A resnet-style stem, one basic block and the head, with batch norm modules."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        nn = torch.nn
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8),
+                                  nn.ReLU(), nn.MaxPool2d(3, 2, 1))
+        self.conv = nn.Conv2d(8, 8, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(8)
+        self.fc = nn.Linear(8, 5)
+
+    def forward(self, x):
+        x = self.stem(x)
+        x = F.relu(x + self.bn(self.conv(x)))
+        return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["inference", "training"])
+def test_kiln_compile_conv_net_over_batch_traces_symbolically_once(device, kernel_compiles,
+                                                                   recorder, train):
+    """kiln.compile with automatic dynamic: the first batch compiles static kernels, the second
+    the symbolic ones, every later batch launches those. Training: batch norm's running
+    variance update (`n / (n - 1)` of the batch) went per size before the sizes' floats were
+    lowered; gradients and running statistics equal eager's."""
+    import copy
+
+    import kiln
+
+    torch.manual_seed(0)
+    model = _ConvNet().to(device).train(train)
+    twin = copy.deepcopy(model)
+    compiled = kiln.compile(twin, backend="kiln")
+    counts = []
+    for batch in (2, 3, 5, 7):
+        x = torch.randn(batch, 3, 10, 10, device=device)
+        with torch.set_grad_enabled(train):
+            got, want = compiled(x), model(x)
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+            if train:
+                got.square().sum().backward()
+                want.square().sum().backward()
+        counts.append(len(kernel_compiles))
+    symbolic = [t.symbolic for t in recorder.autograd_traces]
+    assert symbolic == [False, True], recorder.autograd_traces  # no per-size trace
+    assert counts[1] > counts[0] > 0 and counts[-1] == counts[1], counts
+    if train:
+        for p, q in zip(twin.parameters(), model.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4)
+        for p, q in zip(twin.buffers(), model.buffers()):
+            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+def _pads_and_roll(x):
+    ends = torch.arange(-1, x.shape[-1] + 1, device=x.device) * x.shape[0]
+    return (F.pad(x, (1, 2)) * 2 + F.pad(x, (1, 2), mode="reflect"), torch.roll(x, 2, 0),
+            ends)
+
+
+def test_reflect_pad_roll_and_arange_over_symbolic_dims(device, kernel_compiles):
+    """The decompositions compute with sizes as tensor operands (`sub.Tensor(s0 - 1, idx)`:
+    type promotion saw an `Expr`), and `arange(-1, s0 + 1)` took its start as 0 (its
+    arguments were picked by type, and a symbolic end is no int)."""
+    artifact = compile_graph(_symbolic(_pads_and_roll, (torch.randn(4, 3, 6, device=device),),
+                                       {0: {0, 2}}), [])
+    assert artifact.graph.symbolic
+    for batch, length in ((2, 3), (3, 7), (5, 4)):
+        x = torch.randn(batch, 3, length, device=device)
+        for out, ref in zip(artifact(x), _pads_and_roll(x)):
+            torch.testing.assert_close(out, ref)

@@ -18,11 +18,13 @@ from kiln.lower.index import Expr, as_size
 from kiln.lower.ir import Pointwise, compute_dtype
 from kiln.lower.rule_table import Call
 from kiln.lower.ops import ops
+from kiln.lower.size_scalars import SizeScalar, is_size_number
 from kiln.lower.values import (BufferValue, PointwiseValue, TensorValue, ViewValue, base_of,
                                inlined_origins)
 
 __all__ = [
     "expand_to",
+    "index_value",
     "inlined_origins",
     "loader_as",
     "norm_dim",
@@ -124,7 +126,17 @@ def loader_as(value: TensorValue, dtype: torch.dtype, size: Sequence[int] | None
     return lambda index: ops.to_dtype(inner(index), dtype)
 
 
+def index_value(value: Any) -> Any:
+    """An int64 ops value of an index bound: a constant, or an expression of the sizes (a
+    symbolic extent, a piece's edge), which the kernel computes from its size arguments."""
+    if isinstance(value, Expr) and not value.is_constant:
+        return ops.index_expr(value, torch.int64)
+    return ops.constant(int(value), torch.int64)
+
+
 def scalar_loader(x: bool | int | float, dtype: torch.dtype) -> Loader:
+    if is_size_number(x):  # a symbolic size, or a float computed from sizes (SizeScalar)
+        return _size_number_loader(x, dtype)
     if dtype.is_floating_point:
         x = float(x)
     elif dtype == torch.bool:
@@ -132,3 +144,11 @@ def scalar_loader(x: bool | int | float, dtype: torch.dtype) -> Loader:
     else:
         x = int(x)
     return lambda index: ops.constant(x, dtype)
+
+
+def _size_number_loader(x: Any, dtype: torch.dtype) -> Loader:
+    if isinstance(x, SizeScalar):
+        if not dtype.is_floating_point:  # eager would truncate a float operand: not here
+            raise TypeError(f"a float computed from sizes ({x}) as a {dtype} operand")
+        return lambda index: x.load(dtype)
+    return lambda index: ops.index_expr(x, dtype)

@@ -259,9 +259,10 @@ def lower_ones(call: Call, *args: Any, **kwargs: Any) -> TensorValue:
 
 @register(aten.arange.start_step, aten.arange.start, aten.arange.default)
 def lower_arange(call: Call, *args: Any, **kwargs: Any) -> TensorValue:
-    nums = [a for a in args if isinstance(a, (int, float))]
-    start, step = (0, 1) if len(nums) < 2 else (nums[0], nums[2] if len(nums) > 2 else 1)
-    step = kwargs.get("step", step)
+    # by position, not by type: a symbolic end (an Expr) is no int, and filtering the ints
+    # took arange(-1, s0 + 1)'s start for a lone `end` (start 0: wrong for every size)
+    start = 0 if call.op is aten.arange.default else args[0]
+    step = args[2] if len(args) > 2 else kwargs.get("step", 1)
     out = call.out
     comp = compute_dtype(out.dtype)
     c_start, c_step = scalar_loader(start, comp), scalar_loader(step, comp)

@@ -14,7 +14,7 @@ import torch
 from kiln.lower.index import Expr, as_expr
 from kiln.lower.rule_table import Call, register
 from kiln.lower.ops import ops
-from kiln.lower.rules.helpers import loader_as, pointwise
+from kiln.lower.rules.helpers import index_value, loader_as, pointwise
 from kiln.lower.values import TensorValue
 
 aten = torch.ops.aten
@@ -37,7 +37,7 @@ def _window_max(x: TensorValue, index: Sequence[Expr], kernel: tuple[int, int],
     w0 = as_expr(ow) * stride[1] - padding[1]
     zero = ops.constant(0, torch.int64)
     first = ops.add(ops.mul(ops.maximum(ops.index_expr(h0, torch.int64), zero),
-                            ops.constant(width, torch.int64)),
+                            index_value(width)),
                     ops.maximum(ops.index_expr(w0, torch.int64), zero))
     best, argmax = ops.constant(float("-inf"), comp), first
     for i in range(kernel[0]):
@@ -54,7 +54,7 @@ def _window_max(x: TensorValue, index: Sequence[Expr], kernel: tuple[int, int],
 def _in_range(i: Expr, size: int) -> Any:
     value = ops.index_expr(i, torch.int64)
     return ops.logical_and(ops.ge(value, ops.constant(0, torch.int64)),
-                           ops.lt(value, ops.constant(size, torch.int64)))
+                           ops.lt(value, index_value(size)))
 
 
 def _float_input(call: Call, x: Any, *args: Any, **kwargs: Any) -> bool:
@@ -89,8 +89,7 @@ def _candidates(pos: Expr, pad: int, k: int, s: int, n_out: int) -> list[tuple[E
         p = first + j
         valid = ops.logical_and(
             ops.logical_and(ops.ge(ops.index_expr(p, torch.int64), ops.constant(0, torch.int64)),
-                            ops.lt(ops.index_expr(p, torch.int64),
-                                   ops.constant(n_out, torch.int64))),
+                            ops.lt(ops.index_expr(p, torch.int64), index_value(n_out))),
             ops.le(ops.index_expr(p, torch.int64), ops.index_expr(last, torch.int64)))
         out.append((p, valid))
     return out

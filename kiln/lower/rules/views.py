@@ -18,7 +18,8 @@ from kiln.lower.index import Expr, as_expr, as_size
 from kiln.lower.ir import compute_dtype, contiguous_strides
 from kiln.lower.rule_table import Call, register
 from kiln.lower.ops import ops
-from kiln.lower.rules.helpers import expand_to, has_elements, loader_as, norm_dim, pointwise
+from kiln.lower.rules.helpers import (expand_to, has_elements, index_value, loader_as, norm_dim,
+                                      pointwise)
 from kiln.lower.values import BufferValue, PointwiseValue, TensorValue, ViewValue, base_of
 
 aten = torch.ops.aten
@@ -268,19 +269,11 @@ def lower_flip(call: Call, x: TensorValue, dims: Sequence[int]) -> TensorValue:
 # -- cat and padding -------------------------------------------------------------------------------
 
 def _index_lt(i: Expr, bound: Any) -> Any:
-    return ops.lt(ops.index_expr(i, torch.int64), _bound(bound))
+    return ops.lt(ops.index_expr(i, torch.int64), index_value(bound))
 
 
 def _index_ge(i: Expr, bound: Any) -> Any:
-    return ops.ge(ops.index_expr(i, torch.int64), _bound(bound))
-
-
-def _bound(bound: Any) -> Any:
-    """A piece's edge along a dim: a constant, or an expression of the sizes (a symbolic
-    extent), which the kernel computes from its size arguments."""
-    if isinstance(bound, Expr) and not bound.is_constant:
-        return ops.index_expr(bound, torch.int64)
-    return ops.constant(int(bound), torch.int64)
+    return ops.ge(ops.index_expr(i, torch.int64), index_value(bound))
 
 
 @register(aten.cat.default)
