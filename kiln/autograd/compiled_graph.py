@@ -186,7 +186,7 @@ class CompiledGraph:
             conditions = SizeConditions(facts, variant.joint.size_symbols) if facts else None
         except Exception as err:  # noqa: BLE001 - the per-size traces give eager's answer
             log.debug("the symbolic autograd trace failed (%s: %s); tracing per size instead",
-                      type(err).__name__, err)
+                      type(err).__name__, err, exc_info=True)
             return None
         log.debug("compiled %s variant with symbolic sizes in %.3f s%s",
                   "training" if training else "inference", time.perf_counter() - began,

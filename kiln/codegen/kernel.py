@@ -43,7 +43,7 @@ from kiln.codegen.reductions import PRELUDE_HELPERS
 from kiln.codegen.tiling import plan_tiles, tile_grid, tile_prologue
 from kiln.codegen.triton_printer import CodegenError, TritonPrinter
 from kiln.lower.deps import read_writes
-from kiln.lower.index import size_names
+from kiln.lower.index import size_hint, size_names
 from kiln.lower.ir import ComputedBuffer, IRGraph, Origin, Reduction, loop_vars
 from kiln.schedule import FusedGroup
 
@@ -264,7 +264,8 @@ def memory_order(group: FusedGroup) -> tuple[int, ...] | None:
         if len(stride) != len(group.x_ranges):
             return None
         big = [d for d in range(len(stride)) if group.x_ranges[d] != 1]
-        order = sorted(big, key=lambda d: -stride[d])
+        # by the example's strides: any order is correct, and symbolic ones may not compare
+        order = sorted(big, key=lambda d: -size_hint(stride[d]))
         return None if order == big else tuple(order) + tuple(
             d for d in range(len(stride)) if group.x_ranges[d] == 1)
     return None

@@ -28,7 +28,7 @@ from kiln.codegen import reductions
 from kiln.codegen.triton_math import print_math, promote
 from kiln.codegen.triton_types import TV, triton_dtype
 from kiln.errors import CodegenError
-from kiln.lower.index import Div, Expr, Mono, Size, Sym, sym
+from kiln.lower.index import DerivedSize, Div, Expr, Mono, Size, Sym, sym
 from kiln.lower.ops import OpsHandler
 from kiln.lower.printer import format_value
 
@@ -117,6 +117,8 @@ class TritonPrinter(OpsHandler):
         return " + ".join(parts)
 
     def _atom(self, atom: Any) -> str:
+        if isinstance(atom, DerivedSize):  # computed from the size arguments it is made of
+            return f"({self.index(atom.definition)})"
         if isinstance(atom, (Sym, Size)):
             return atom.name  # a size is a kernel argument of that name
         if isinstance(atom, Mono):

@@ -28,10 +28,12 @@ import functools
 import math
 from typing import Any, Iterable, Mapping, Union
 
-from kiln.lower.size_atoms import SIZE_MAX, Mono, Size, flatten_factors, make_product
+from kiln.lower.size_atoms import (SIZE_MAX, DerivedSize, Mono, Size, flatten_factors,
+                                   make_product)
 
-__all__ = ["Div", "Expr", "IndexLike", "Mono", "Size", "Sym", "affine_form", "as_expr", "as_size",
-           "is_static", "size_expr", "size_hint", "size_names", "sym"]
+__all__ = ["DerivedSize", "Div", "Expr", "IndexLike", "Mono", "Size", "Sym", "affine_form",
+           "as_expr", "as_size", "derived_size", "is_static", "size_expr", "size_hint",
+           "size_names", "sym"]
 
 IndexLike = Union["Expr", int]
 SizeLike = Union["Expr", int]  # an int, or an Expr over `Size` atoms only (a symbolic size)
@@ -361,6 +363,17 @@ def size_expr(name: str, lo: int = 2, hi: int | None = None, hint: int | None = 
     return Expr.make([(Size(name, lo, SIZE_MAX if hi is None else hi, hint), 1)])
 
 
+def derived_size(value: Expr) -> Expr:
+    """A floor division or remainder of sizes (`(s0 + 1)//2`) as one `DerivedSize` atom, so it
+    can multiply sizes; a constant or a plain size stays as it is."""
+    if value.is_constant or value.is_size():
+        return value
+    if any(isinstance(f, Sym) for a, _ in value.terms for f in flatten_factors(a)) \
+            or value.bounds()[0] < 0:
+        raise TypeError(f"{value} is not a size")
+    return Expr.make([(DerivedSize(value), 1)])
+
+
 def size_names(value: Any) -> set[str]:
     """Names of the `Size` atoms in `value` (an int has none)."""
     if not isinstance(value, Expr):
@@ -368,7 +381,9 @@ def size_names(value: Any) -> set[str]:
     out: set[str] = set()
     for atom, _ in value.terms:
         for factor in flatten_factors(atom):
-            if isinstance(factor, Size):
+            if isinstance(factor, DerivedSize):
+                out |= size_names(factor.definition)
+            elif isinstance(factor, Size):
                 out.add(factor.name)
             elif isinstance(factor, Div):
                 out |= size_names(factor.arg) | size_names(factor.div) | size_names(factor.mod)
@@ -438,6 +453,8 @@ def _subs_atom(atom: Atom, mapping: Mapping[Sym, IndexLike]) -> Expr:
 
 
 def _evaluate_atom(atom: Atom, env: Mapping[str, Any]) -> Any:
+    if isinstance(atom, DerivedSize):
+        return atom.definition.evaluate(env)
     if isinstance(atom, Size):
         return env.get(atom.name, atom.hint)  # heuristics evaluate at the example's sizes
     if isinstance(atom, Sym):

@@ -107,12 +107,22 @@ class Layout:
 
     def is_dense(self) -> bool:
         """Non-overlapping and gap-free (some permutation of contiguous)."""
+        if self._is_contiguous():
+            return True  # decided without ordering strides, which symbolic sizes may not allow
         dims = sorted((st, s) for s, st in zip(self.size, self.stride) if s != 1)
         expected = 1
         for st, s in dims:
             if st != expected:
                 return False
             expected *= s
+        return True
+
+    def _is_contiguous(self) -> bool:
+        expected: Any = 1
+        for s, st in reversed(tuple(zip(self.size, self.stride))):
+            if s != 1 and st != expected:
+                return False
+            expected = s * expected
         return True
 
     def render(self) -> str:

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["Mono", "SIZE_MAX", "Size", "flatten_factors", "interval_product", "make_product"]
+__all__ = ["DerivedSize", "Mono", "SIZE_MAX", "Size", "flatten_factors", "interval_product",
+           "make_product"]
 
 SIZE_MAX = 2**31 - 1
 
@@ -55,6 +56,27 @@ class Size:
 
     def __repr__(self) -> str:
         return f"Size({self.name!r}, {self.lo}, {self.hi})"
+
+
+class DerivedSize(Size):
+    """A size that is a floor division or remainder of sizes (`(s0 + 1)//2`: a pooled or
+    strided extent), kept as one atom so it can multiply other sizes (`s1*((s0 + 1)//2)` is a
+    stride) where the index algebra keeps products of `Size` atoms only. It is no kernel
+    argument of its own: it prints as its definition over the sizes that are
+    (`size_names`, the printers), and evaluates from them."""
+
+    __slots__ = ("definition",)
+
+    def __init__(self, definition: Any) -> None:
+        lo, hi = definition.bounds()
+        super().__init__(f"({definition})", lo, hi, definition.evaluate({}))
+        self.definition = definition  # an index.Expr over sizes, not constant
+
+    def sort_key(self) -> tuple:
+        return (-1, self.name, 0)
+
+    def __repr__(self) -> str:
+        return f"DerivedSize({self.name!r}, {self.lo}, {self.hi})"
 
 
 class Mono:

@@ -22,7 +22,7 @@ from typing import Any, Iterator
 import torch
 
 from kiln.lower import _compat
-from kiln.lower.index import Expr, as_expr, size_expr
+from kiln.lower.index import Expr, as_expr, derived_size, size_expr
 from kiln.lower.rule_table import LoweringError
 from kiln.lower.size_scalars import size_arithmetic
 
@@ -121,10 +121,10 @@ def _from_sympy(expr: Any, shape_env: Any) -> Expr:
         for _ in range(int(expr.args[1])):
             total = total * args[0]
         return total
-    if kind == "floordiv":
-        return args[0] // args[1]
+    if kind == "floordiv":  # one atom, so that it can multiply sizes (a pooled extent)
+        return derived_size(args[0] // args[1])
     if kind == "mod":
-        return args[0] % args[1]
+        return derived_size(args[0] % args[1])
     if kind in ("max", "min"):
         return _extreme(expr, args, largest=kind == "max")
     raise SymbolicShapeError(f"symbolic size {expr} is not a sum, product, power, floor "
@@ -200,8 +200,14 @@ def lower_metas(value: Any) -> Any:
 
 # the Python arithmetic a symbolic graph does on sizes (`sym_size(x, 0) * 64`)
 PYTHON_OPS = {operator.add: operator.add, operator.sub: operator.sub,
-              operator.mul: operator.mul, operator.floordiv: operator.floordiv,
-              operator.mod: operator.mod, operator.neg: operator.neg}
+              operator.mul: operator.mul, operator.floordiv: lambda a, b: _atom_of(a // b),
+              operator.mod: lambda a, b: _atom_of(a % b), operator.neg: operator.neg}
+
+
+def _atom_of(value: Any) -> Any:
+    """A floor division or remainder of sizes as one atom (`derived_size`), so it can multiply
+    sizes like the ShapeEnv's own `(s0 + 1)//2` (`to_size`)."""
+    return derived_size(value) if isinstance(value, Expr) else value
 
 
 PYTHON_OPS[operator.truediv] = operator.truediv  # of plain numbers; else a SizeScalar

@@ -16,6 +16,7 @@ import kiln.runtime.launcher as launcher_module
 from kiln.backends.per_size import SizeCache, SymbolicCompiled, symbolic_or_per_size
 from kiln.lower import _compat
 from kiln.lower.decomposition_tables import trace_table
+from kiln.lower.symbolic import SymbolicShapeError
 from kiln.runtime import compile_graph
 
 pytestmark = pytest.mark.usefixtures("generated_kernels")
@@ -128,30 +129,31 @@ def test_size_one_dim_broadcast_next_to_a_symbolic_dim(device, kernel_compiles):
             torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
 
-def _pool_along_symbolic(x, i):
-    return F.avg_pool1d(x, 2) * 2 + i.sum()
+def _float_power_of_a_size(x, i):
+    return x * x.shape[-1] ** 0.5 + i.sum()
 
 
 def test_unsupported_graph_compiles_per_size(device):
-    """Pooling over a symbolic dim is outside the symbolic path: per size, right answers."""
+    """A float power of a size (`sym_float`) is outside the symbolic path: per size, right
+    answers."""
     x, i = torch.randn(2, 3, 8, device=device), torch.tensor([0, 2, 5], device=device)
-    gm = torch.fx.symbolic_trace(_pool_along_symbolic)
+    gm = torch.fx.symbolic_trace(_float_power_of_a_size)
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             node.meta["val"] = None
 
     def compile_symbolic(graph, inputs):
-        return compile_graph(_symbolic(_pool_along_symbolic, tuple(inputs)), [])
+        return compile_graph(_symbolic(_float_power_of_a_size, tuple(inputs)), [])
 
     def compile_static(graph, inputs):
-        return lambda *args: (_pool_along_symbolic(*args),)
+        return lambda *args: (_float_power_of_a_size(*args),)
 
-    with pytest.raises(TypeError):
+    with pytest.raises(SymbolicShapeError):
         compile_symbolic(gm, [x, i])
     gm.graph.find_nodes(op="placeholder")[0].meta["val"] = _symbolic_meta(x)
     compiled = symbolic_or_per_size(compile_symbolic, compile_static, gm, [x, i])
     assert isinstance(compiled, SizeCache)
-    torch.testing.assert_close(compiled(x, i)[0], _pool_along_symbolic(x, i))
+    torch.testing.assert_close(compiled(x, i)[0], _float_power_of_a_size(x, i))
 
 
 def _symbolic_meta(x):
@@ -430,3 +432,57 @@ def test_reflect_pad_roll_and_arange_over_symbolic_dims(device, kernel_compiles)
         x = torch.randn(batch, 3, length, device=device)
         for out, ref in zip(artifact(x), _pads_and_roll(x)):
             torch.testing.assert_close(out, ref)
+
+
+def _pools(x):
+    return (F.max_pool2d(x, 3, 2, 1) + 1, F.avg_pool2d(x, 2), F.max_pool1d(x.flatten(2), 2),
+            F.adaptive_avg_pool2d(x, 1))
+
+
+def test_pooling_over_symbolic_height_and_width_compiles_once(device, kernel_compiles):
+    """Pooled extents are floor divisions of sizes (`(s1 + 1)//2`), kept as one atom so they
+    multiply into strides: one compile, the same kernel objects for every H, W, odd ones and a
+    pooled extent of 1 included."""
+    artifact = compile_graph(_symbolic(_pools, (torch.randn(2, 3, 9, 10, device=device),),
+                                       {0: {2, 3}}), [])
+    assert artifact.graph.symbolic and all(spec.size_args for spec in artifact.specs)
+    kernels, compiled = _launched(artifact), len(kernel_compiles)
+    for h, w in ((9, 10), (12, 7), (2, 5), (17, 16), (3, 2)):
+        x = torch.randn(2, 3, h, w, device=device)
+        for got, want in zip(artifact(x), _pools(x)):
+            torch.testing.assert_close(got, want)
+    assert len(kernel_compiles) == compiled and _launched(artifact) == kernels
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["inference", "training"])
+def test_kiln_compile_conv_net_over_image_sizes_traces_symbolically_once(device,
+                                                                        kernel_compiles,
+                                                                        recorder, train):
+    """Varying image sizes: max-pool over a symbolic H, W (and its backward) no longer sends
+    the graph per size; outputs, gradients and running statistics equal eager's."""
+    import copy
+
+    import kiln
+
+    torch.manual_seed(0)
+    model = _ConvNet().to(device).train(train)
+    twin = copy.deepcopy(model)
+    compiled = kiln.compile(twin, backend="kiln")
+    counts = []
+    for side in (8, 11, 14, 9):
+        x = torch.randn(3, 3, side, side + 1, device=device)
+        with torch.set_grad_enabled(train):
+            got, want = compiled(x), model(x)
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+            if train:
+                got.square().sum().backward()
+                want.square().sum().backward()
+        counts.append(len(kernel_compiles))
+    symbolic = [t.symbolic for t in recorder.autograd_traces]
+    assert symbolic == [False, True], recorder.autograd_traces  # no per-size trace
+    assert counts[1] > counts[0] > 0 and counts[-1] == counts[1], counts
+    if train:
+        for p, q in zip(twin.parameters(), model.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4)
+        for p, q in zip(twin.buffers(), model.buffers()):
+            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
