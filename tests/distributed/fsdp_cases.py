@@ -37,13 +37,17 @@ def _policy(mixed: bool) -> Any:
     return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
 
 
-def _shard(model: nn.Module, mixed: bool, device: str) -> nn.Module:
+def _shard(model: nn.Module, mixed: bool, device: str, root: nn.Module | None = None
+           ) -> nn.Module:
+    """`fully_shard` on each layer of `model`, then on `root` (default: `model`; a
+    `kiln.compile(model)` for the whole-model orders)."""
     from torch.distributed.fsdp import fully_shard
     mesh, policy = _mesh(device), _policy(mixed)
     for layer in _layers(model):
         fully_shard(layer, mesh=mesh, mp_policy=policy)
-    fully_shard(model, mesh=mesh, mp_policy=policy)
-    return model
+    root = model if root is None else root
+    fully_shard(root, mesh=mesh, mp_policy=policy)
+    return root
 
 
 def _layers(model: nn.Module) -> nn.ModuleList:
@@ -59,15 +63,27 @@ def fsdp_case(name: str, how: str, backend: str, rank: int, mixed: bool = False,
     base = MAKERS[name]().to(device)  # made on the CPU: the same weights on every device
     ref = _shard(copy.deepcopy(base), mixed, device)
     ref_opt = train(ref, ref, name, rank, device)
-    model = _shard(copy.deepcopy(base), mixed, device)
-    layers = _layers(model)
-    if how == "layers":  # each sharded layer compiled and assigned back (layer.compile style)
-        for i, layer in enumerate(layers):
-            layers[i] = kiln.compile(layer, backend=backend)
-        run: Callable = model
-    else:  # the whole sharded model: the layer calls break, each layer compiles on its own
-        run = kiln.compile(model, backend=backend)
-    return Trained(ref, model, ref_opt, train(run, model, name, rank, device))
+    model = copy.deepcopy(base)
+    run: Callable
+    if how == "compile-shard":  # fully_shard(kiln.compile(model)): layers and root after compile
+        run = _shard(model, mixed, device, root=kiln.compile(model, backend=backend))
+    elif how == "shard-compile-shard":  # layers sharded, the root compiled, then sharded
+        from torch.distributed.fsdp import fully_shard
+        mesh, policy = _mesh(device), _policy(mixed)
+        for layer in _layers(model):
+            fully_shard(layer, mesh=mesh, mp_policy=policy)
+        run = fully_shard(kiln.compile(model, backend=backend), mesh=mesh, mp_policy=policy)
+    else:
+        _shard(model, mixed, device)
+        layers = _layers(model)
+        if how == "layers":  # each sharded layer compiled and assigned back (layer.compile style)
+            for i, layer in enumerate(layers):
+                layers[i] = kiln.compile(layer, backend=backend)
+            run = model
+        else:  # kiln.compile(fully_shard(model)): the layer calls break, each compiles alone
+            run = kiln.compile(model, backend=backend)
+    # the optimizer takes the parameters of what is called: the wrapper's are the original's
+    return Trained(ref, model, ref_opt, train(run, run, name, rank, device))
 
 
 # the whole model with aot_eager too would add 2-4 s to CI for no path the others miss
