@@ -20,7 +20,7 @@ import copy
 
 import torch
 
-from kiln.capture import compile_hook
+from kiln.capture import _compat, compile_hook
 from kiln.capture.settings import CompileSettings
 from kiln.capture.variables.nn_module import call_module_with_hooks, module_has_hooks
 
@@ -47,6 +47,7 @@ class CompiledModule(torch.nn.Module):
         object.__setattr__(self, "_orig_mod", module)
         object.__setattr__(self, "_kiln_settings", settings)
         object.__setattr__(self, "_kiln_forwards", {})
+        _compat.share_composable_state(module, self)  # a layer fully_shard'ed before compile
 
     @property
     def forward(self) -> Callable:  # type: ignore[override]

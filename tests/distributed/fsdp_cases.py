@@ -5,6 +5,11 @@
 - `mp`: the per-layer case under `MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`,
   against eager FSDP2 under the same policy.
 - `gpt2-*`: the suite's GPT-2 with 4 blocks, both ways: the 4 blocks share one capture.
+- `layers-root`: each layer sharded, compiled and assigned back, then the root sharded (the
+  root's `fully_shard` meets the wrappers, which must count as the sharded layers).
+- the whole model compiled, then sharded (issue 20), GPT-2 and under mixed precision the stack:
+  `compile-shard` is `m = kiln.compile(model)`, `fully_shard` per layer, `fully_shard(m)`;
+  `shard-compile-shard` shards the layers first, then `fully_shard(kiln.compile(model))`.
 
 The GPT-2 and mixed precision cases start from an empty kiln cache, so the graphs they report
 are all they captured.
@@ -65,14 +70,25 @@ def fsdp_case(name: str, how: str, backend: str, rank: int, mixed: bool = False,
     ref_opt = train(ref, ref, name, rank, device)
     model = copy.deepcopy(base)
     run: Callable
-    if how == "compile-shard":  # fully_shard(kiln.compile(model)): layers and root after compile
-        run = _shard(model, mixed, device, root=kiln.compile(model, backend=backend))
-    elif how == "shard-compile-shard":  # layers sharded, the root compiled, then sharded
+    if how in WHOLE_THEN_SHARD:
+        from torch.distributed.fsdp import FSDPModule, fully_shard
+        if how == "compile-shard":  # fully_shard(kiln.compile(model)), layers after compile too
+            run = _shard(model, mixed, device, root=kiln.compile(model, backend=backend))
+        else:  # layers sharded, the root compiled, then sharded
+            mesh, policy = _mesh(device), _policy(mixed)
+            for layer in _layers(model):
+                fully_shard(layer, mesh=mesh, mp_policy=policy)
+            run = fully_shard(kiln.compile(model, backend=backend), mesh=mesh, mp_policy=policy)
+        # the compiled wrapper is the FSDP root; the original keeps its class
+        assert isinstance(run, FSDPModule) and not isinstance(model, FSDPModule), type(run)
+    elif how == "layers-root":  # each layer sharded, compiled and assigned back, then the root
         from torch.distributed.fsdp import fully_shard
         mesh, policy = _mesh(device), _policy(mixed)
-        for layer in _layers(model):
+        layers = _layers(model)
+        for i, layer in enumerate(layers):
             fully_shard(layer, mesh=mesh, mp_policy=policy)
-        run = fully_shard(kiln.compile(model, backend=backend), mesh=mesh, mp_policy=policy)
+            layers[i] = kiln.compile(layer, backend=backend)
+        run = fully_shard(model, mesh=mesh, mp_policy=policy)
     else:
         _shard(model, mixed, device)
         layers = _layers(model)
@@ -86,18 +102,24 @@ def fsdp_case(name: str, how: str, backend: str, rank: int, mixed: bool = False,
     return Trained(ref, model, ref_opt, train(run, run, name, rank, device))
 
 
+WHOLE_THEN_SHARD = ("compile-shard", "shard-compile-shard")
 # the whole model with aot_eager too would add 2-4 s to CI for no path the others miss
-GPT2_WAYS = {"aot_eager": ("layers",), "kiln": ("layers", "whole")}
+GPT2_WAYS = {"aot_eager": ("layers", *WHOLE_THEN_SHARD),
+             "kiln": ("layers", "whole", *WHOLE_THEN_SHARD)}
+# mixed precision over the stack: per layer on both backends, and each whole-model order on one
+MP_WAYS = {"aot_eager": ("layers", "shard-compile-shard"), "kiln": ("layers", "compile-shard")}
 
 
 def fsdp_cases(backends: tuple[str, ...]) -> dict[str, Callable[[int], Any]]:
     cases: dict[str, Callable[[int], Any]] = {}
     for backend in backends:
-        for how in ("layers", "whole"):
+        for how in ("layers", "whole", *(("layers-root",) if backend == "kiln" else ())):
             cases[f"fsdp2-{how}-{backend}"] = (
                 lambda rank, h=how, b=backend: fsdp_case("stack", h, b, rank))
-        cases[f"fsdp2-mp-{backend}"] = (
-            lambda rank, b=backend: fsdp_case("stack", "layers", b, rank, mixed=True))
+        for how in MP_WAYS[backend]:
+            label = "" if how == "layers" else f"{how}-"
+            cases[f"fsdp2-mp-{label}{backend}"] = (
+                lambda rank, h=how, b=backend: fsdp_case("stack", h, b, rank, mixed=True))
         for how in GPT2_WAYS[backend]:
             cases[f"fsdp2-gpt2-{how}-{backend}"] = (
                 lambda rank, h=how, b=backend: fsdp_case("gpt2", h, b, rank))
