@@ -231,8 +231,8 @@ def wrap_model(model: nn.Module, wrap: str, mode: str, s: Spec) -> Callable:
     for block in blocks:
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
-    # compiled after the root is sharded: kiln.compile's wrapper is transparent (its children
-    # are the block's), so fully_shard(root) after it would shard the block's DTensors again
+    # compiled after the root is sharded (compiling each block before fully_shard(root) works
+    # too: docs/distributed.md, "Sharding a compiled module")
     for i, block in enumerate(blocks):
         blocks[i] = compile_(block)
     return model

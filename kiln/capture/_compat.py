@@ -12,7 +12,7 @@ __all__ = ["FakeTensor", "FakeTensorMode", "autocast_state", "new_fake_mode", "i
            "is_symbolic", "symbol_of",
            "concrete", "hint", "shape_env_facts", "SymbolPrinter", "SYM_SIZE", "SYM_STRIDE",
            "SYM_NUMEL", "SYM_STORAGE_OFFSET", "active_ddp_module", "ddp_bucket_caps",
-           "ddp_ignored", "UnbackedGuardError", "bind_unbacked", "unbacked_symbols",
+           "ddp_ignored", "share_composable_state", "UnbackedGuardError", "bind_unbacked", "unbacked_symbols",
            "needs_scalar_outputs"]
 
 try:  # where torch raises when a fake tensor's value would be needed
@@ -179,6 +179,22 @@ def active_ddp_module() -> Any:
         return None
     getter = getattr(DistributedDataParallel, "_get_active_ddp_module", None)
     return getter() if getter is not None else None
+
+
+def share_composable_state(module: Any, alias: Any) -> None:
+    """Register `alias` (kiln.compile's wrapper of `module`) under the composable-API state of
+    `module` (FSDP2's `fully_shard`, `replicate`), when it has one. torch looks these states up
+    by module identity, and the wrapper takes `module`'s place in its parent's tree: without
+    this, `fully_shard(root)` met the wrapper of a sharded layer as an unsharded module and
+    sharded its DTensors again."""
+    try:
+        from torch.distributed import _composable_state as composable
+    except ImportError:  # a build without torch.distributed
+        return
+    states = getattr(composable, "_module_state_mapping", None)
+    if states is None or module not in states or alias in states:
+        return
+    composable._insert_module_state(alias, composable._get_module_state(module))
 
 
 def ddp_bucket_caps(ddp: Any) -> tuple[int, int]:

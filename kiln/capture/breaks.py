@@ -200,6 +200,8 @@ class Router:
             return value
         if isinstance(value, types.MethodType) and isinstance(value.__func__, types.FunctionType):
             return types.MethodType(self.route(value.__func__), value.__self__)
+        if isinstance(value, CompiledModule):  # compiled already (a layer sharded after it)
+            return value
         if isinstance(value, torch.nn.Module):
             module = self.modules[id(value)] = CompiledModule(value, self.settings)
             return module

@@ -434,3 +434,69 @@ def test_deleting_the_module_frees_it():
     del model, compiled
     gc.collect()
     assert alive() is None, "kiln's caches keep a compiled module alive"
+
+
+# --- composable APIs (FSDP2's fully_shard): shared state, the class swapped on the wrapper ---------
+
+class _Marker:
+    """Stands in for FSDPModule: fully_shard puts it first in the MRO of a new subclass."""
+
+
+def _swap_class(module):
+    """What fully_shard does to its argument: state in `module.__dict__`, a hook, and the class
+    replaced by a dynamic subclass with a mixin first."""
+    module.__dict__.setdefault("__composable_api_state_key", {})["api"] = "state"
+    module.register_forward_pre_hook(lambda m, args: (args[0] * 2,))
+    module.__class__ = type(f"Marked{type(module).__name__}", (_Marker, type(module)), {})
+    return module
+
+
+def test_state_written_into_the_wrappers_dict_is_the_originals():
+    model = _block()
+    compiled = kiln.compile(model, backend="eager")
+    compiled.__dict__["_api_state"] = 1  # composable APIs write module.__dict__ directly
+    assert model._api_state == 1
+    model.extra = 2
+    assert compiled.extra == 2
+
+
+def test_class_swapped_on_the_wrapper_stays_the_wrappers_and_runs_compiled():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh())
+    ref = copy.deepcopy(model)
+    backend = CountingBackend()
+    compiled = _swap_class(kiln.compile(model, backend=backend))
+    from kiln.capture.module_wrapper import CompiledModule
+    assert isinstance(compiled, _Marker) and isinstance(compiled, CompiledModule)
+    assert type(model) is nn.Sequential  # the original keeps its class
+    assert model.__dict__["__composable_api_state_key"] == {"api": "state"}
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        assert_same_structure_and_values(ref(x * 2), compiled(x))  # hook, then compiled forward
+    assert backend.count == 1
+    # the wrapper is the root of its module tree now (FSDP2 looks its state up by identity)
+    assert next(iter(compiled.modules())) is compiled
+    assert [n for n, _ in compiled.named_modules()] == [n for n, _ in model.named_modules()]
+    assert list(compiled.state_dict()) == list(ref.state_dict())
+
+
+def test_unswapped_wrapper_lists_the_original_first():
+    model = _block()
+    compiled = kiln.compile(model, backend="eager")
+    assert next(iter(compiled.modules())) is model
+    assert [m for _, m in compiled.named_modules()] == list(model.modules())
+
+
+def test_copy_and_deepcopy_of_a_compiled_module():
+    model = _block()
+    compiled = kiln.compile(model, backend="eager")
+    x = torch.randn(2, 8, 32)
+    shallow = copy.copy(compiled)
+    assert shallow._orig_mod is model
+    deep = copy.deepcopy(compiled)
+    assert deep._orig_mod is not model
+    assert deep.norm1.weight is not model.norm1.weight
+    with torch.no_grad():
+        assert_same_structure_and_values(model(x), deep(x))
+        deep.norm1.weight.add_(1)
+        assert not torch.equal(model(x), deep(x))

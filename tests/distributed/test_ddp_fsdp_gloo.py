@@ -102,14 +102,22 @@ def test_ddp_split_at_buckets_matches_eager(results: list[dict], name: str) -> N
 
 
 FSDP_CASES = [f"fsdp2-{h}-{b}" for b in ("aot_eager", "kiln") for h in ("layers", "whole")]
+FSDP_CASES.append("fsdp2-layers-root-kiln")  # layers compiled before the root is sharded
 GPT2_FSDP_CASES = ["fsdp2-gpt2-layers-aot_eager", "fsdp2-gpt2-layers-kiln",
                    "fsdp2-gpt2-whole-kiln"]
 MP_CASES = ["fsdp2-mp-aot_eager", "fsdp2-mp-kiln"]
+# the whole model compiled, then sharded: fully_shard(kiln.compile(model)) with the layers
+# sharded after compile or before it (issue 20)
+WHOLE_THEN_SHARD_CASES = [f"fsdp2-gpt2-{h}-{b}" for b in ("aot_eager", "kiln")
+                          for h in ("compile-shard", "shard-compile-shard")]
+MP_WHOLE_THEN_SHARD_CASES = ["fsdp2-mp-shard-compile-shard-aot_eager",
+                             "fsdp2-mp-compile-shard-kiln"]
 
 
 def _check_breaks(per_rank: list[dict], name: str) -> None:
+    whole = "whole" in name or "compile-shard" in name
     for r in per_rank:  # the whole model: each sharded layer's call breaks, and compiles alone
-        assert ("distributed-module" in r["breaks"]) == ("whole" in name), r["breaks"]
+        assert ("distributed-module" in r["breaks"]) == whole, r["breaks"]
 
 
 @pytest.mark.parametrize("name", FSDP_CASES)
@@ -136,13 +144,37 @@ def test_fsdp2_layers_of_one_shape_share_one_capture(results: list[dict], name: 
         assert r["graph_runs"] >= gloo_common.GPT2_LAYERS * 3
 
 
-@pytest.mark.parametrize("name", MP_CASES)
+@pytest.mark.parametrize("name", WHOLE_THEN_SHARD_CASES)
+def test_fsdp2_sharding_the_compiled_model_matches_eager(results: list[dict], name: str) -> None:
+    """fully_shard(kiln.compile(gpt2)), its blocks sharded after the compile or before it: the
+    wrapper becomes the FSDP root (checked in the case), FSDP2's hooks run eagerly around the
+    compiled forward, the block calls break and compile on their own, and training equals eager
+    FSDP2's. The graphs read the parameters FSDP2 swaps in at each forward without recompiling:
+    the 4 blocks share one capture, nothing is captured again after the first step."""
+    import gloo_common
+    per_rank = _case(results, name)
+    _check_training(per_rank, name)
+    _check_breaks(per_rank, name)
+    for r in per_rank:
+        assert _captures(r, "GPT2Block.forward") == 1, r["graphs"]
+        # wte / wpe / ln_f / lm_head and 4 blocks a step: 8 runs per step, from <= 5 captures
+        # (the two embeddings share Embedding.forward: one automatic-dynamic recompile)
+        assert r["graph_runs"] == (gloo_common.GPT2_LAYERS + 4) * gloo_common.STEPS, r
+        assert len(r["graphs"]) <= 5 and len(r["recompiles"]) <= 1, (r["graphs"],
+                                                                      r["recompiles"])
+
+
+@pytest.mark.parametrize("name", MP_CASES + MP_WHOLE_THEN_SHARD_CASES)
 def test_fsdp2_mixed_precision_matches_eager(results: list[dict], name: str) -> None:
     """MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): training equals eager FSDP2's
-    under the same policy, and the compiled layers read bf16 parameters (FSDP2's cast copies)."""
+    under the same policy, and the compiled layers read bf16 parameters (FSDP2's cast copies);
+    sharding the compiled whole model, its head's graph reads the root's bf16 copies too."""
     per_rank = _case(results, name)
     _check_training(per_rank, name, MP_TOL)
+    _check_breaks(per_rank, name)
     for r in per_rank:
+        if name in MP_WHOLE_THEN_SHARD_CASES:  # the head: the root's own parameters
+            assert _captures(r, "Linear.forward") == 1, r["graphs"]
         # 2 layers, 2 captures: the first layer's input needs no gradient, the second's does
         # (requires_grad is guarded, as in torch.compile); the case starts with no graphs
         assert _captures(r, "TransformerBlock.forward") == 2, r["graphs"]
@@ -159,5 +191,5 @@ def test_collectives_run_natively_not_dropped(results: list[dict]) -> None:
 def test_every_case_is_tested(results: list[dict]) -> None:
     import gloo_cases
     tested = {*DDP_CASES, *GPT2_DDP_CASES, *SPLIT_CASES, *FSDP_CASES, *GPT2_FSDP_CASES,
-              *MP_CASES, "collectives"}
+              *MP_CASES, *WHOLE_THEN_SHARD_CASES, *MP_WHOLE_THEN_SHARD_CASES, "collectives"}
     assert set(gloo_cases.CASES) == tested
