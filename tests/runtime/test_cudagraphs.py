@@ -350,3 +350,31 @@ def test_graphs_that_run_as_torch_ops_say_why_they_are_not_graphed(caplog):
         compiled(torch.randn(4))
     messages = [r.getMessage() for r in caplog.records if r.name == LOGGER]
     assert len(messages) == 1 and "its inputs are CPU tensors" in messages[0]
+
+
+def test_options_reach_the_runner(fake_graphs, artifacts):
+    compiled = kiln.compile(lambda x: x.cos() * 2, backend="kiln", mode="reduce-overhead",
+                            options={"cudagraph_warmup": 2, "cudagraph_max_recordings": 3})
+    for _ in range(4):
+        x = torch.randn(8)
+        torch.testing.assert_close(compiled(x), x.cos() * 2)
+    runner = artifacts[0].cudagraphs
+    assert (runner.warmup, runner.max_recordings) == (2, 3)
+    assert runner.stats["warmup"] == 2 and runner.stats["recorded"] == 1
+
+
+def test_a_warm_started_graph_is_replayed_too(fake_graphs):
+    from kiln.backends import warm_start
+
+    def f(x):
+        return torch.tanh(x) + 1
+
+    hits = warm_start.STATS["hits"]
+    for _ in range(2):  # the second compile is rebuilt from the disk cache
+        kiln.reset()
+        compiled = kiln.compile(f, backend="kiln", mode="reduce-overhead")
+        for _ in range(3):
+            x = torch.randn(8)
+            torch.testing.assert_close(compiled(x), f(x))
+    assert warm_start.STATS["hits"] == hits + 1
+    assert len(fake_graphs.graphs) == 2  # one recording per compile
