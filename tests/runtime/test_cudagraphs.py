@@ -378,3 +378,13 @@ def test_a_warm_started_graph_is_replayed_too(fake_graphs):
             torch.testing.assert_close(compiled(x), f(x))
     assert warm_start.STATS["hits"] == hits + 1
     assert len(fake_graphs.graphs) == 2  # one recording per compile
+
+
+def test_each_recording_reports_its_pool(fake_graphs, recorder, caplog):
+    compiled = kiln.compile(lambda x: x.exp() - 1, backend="kiln", mode="reduce-overhead")
+    with caplog.at_level(logging.INFO, LOGGER):
+        for _ in range(3):
+            compiled(torch.randn(8))
+    (entry,) = recorder.cudagraphs
+    assert entry["graph"] == "inference" and entry["pool_bytes"] == fake_graphs.pool_bytes
+    assert "private pool 0.00 MiB" in caplog.text and "1 copied, 0 read in place" in caplog.text
