@@ -343,9 +343,11 @@ class CudaGraphRunner:
         return None
 
     def _record(self, key: tuple, args: Sequence[Any]) -> Recording | None:
+        why = self._why_new(key, args)
         if self.num_recordings() >= self.max_recordings:
-            warn_once(("kiln-cudagraphs-cap", id(self)), self._cap_message(key), log)
+            warn_once(("kiln-cudagraphs-cap", id(self)), self._cap_message(why), log)
             return None
+        log.debug("kiln cudagraphs: recording the %s graph again: %s", self.name, why)
         try:
             recording = self._capture(key, args)
         except Exception as err:  # noqa: BLE001 - whatever fails in capture, eager is right
@@ -356,9 +358,17 @@ class CudaGraphRunner:
         self._report(recording)
         return recording
 
-    def _cap_message(self, key: tuple) -> str:
-        why = ("outputs of its earlier replays are still referenced"
-               if key in self.recordings else "it was called with new input sizes")
+    def _why_new(self, key: tuple, args: Sequence[Any]) -> str:
+        """Why no recording of `key` serves this call, in words."""
+        recordings = self.recordings.get(key)
+        if not recordings:
+            return "it was called with new input sizes"
+        if not any(r.reads_inputs_of(args) for r in recordings):
+            return ("an input it reads in place (a parameter or buffer, or another graph's "
+                    "output) is at a new address")
+        return "outputs of its earlier replays are still referenced"
+
+    def _cap_message(self, why: str) -> str:
         return (f"kiln cudagraphs: the {self.name} graph has {self.num_recordings()} CUDA graph "
                 f"recordings (the cap, max_recordings) and {why}; such calls run the compiled "
                 "kernels without a CUDA graph. Free or clone outputs you keep across calls, or "

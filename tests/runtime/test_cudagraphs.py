@@ -388,3 +388,13 @@ def test_each_recording_reports_its_pool(fake_graphs, recorder, caplog):
     (entry,) = recorder.cudagraphs
     assert entry["graph"] == "inference" and entry["pool_bytes"] == fake_graphs.pool_bytes
     assert "private pool 0.00 MiB" in caplog.text and "1 copied, 0 read in place" in caplog.text
+
+
+def test_the_cap_warning_names_a_moving_parameter(caplog):
+    run, _ = runner(max_recordings=1)
+    x = torch.randn(4)
+    with caplog.at_level(logging.WARNING, LOGGER):
+        for _ in range(3):  # a buffer reassigned every call: never at the recorded address
+            w = torch.nn.Parameter(torch.randn(4))
+            torch.testing.assert_close(run([x, w])[0], x * w.detach())
+    assert "an input it reads in place (a parameter or buffer" in caplog.text
