@@ -181,7 +181,7 @@ class Recording:
             if not isinstance(out, torch.Tensor):
                 continue
             ptr = out.untyped_storage().data_ptr()
-            if ptr in seen or ptr in pinned_storages:
+            if ptr == 0 or ptr in seen or ptr in pinned_storages:  # 0: empty, nothing to keep
                 continue
             seen.add(ptr)
             _pool_outputs[ptr] = self
@@ -403,8 +403,9 @@ class CudaGraphRunner:
         of another live recording (the forward's saved activations, read by the backward)."""
         if not isinstance(a, torch.Tensor) or i in self.written_inputs:
             return False
+        ptr = a.untyped_storage().data_ptr()
         return (i in self.static_inputs or isinstance(a, torch.nn.Parameter)
-                or a.untyped_storage().data_ptr() in _pool_outputs)
+                or (ptr != 0 and ptr in _pool_outputs))
 
     # -- falling back ----------------------------------------------------------------------------
     def _block(self, reason: str) -> None:
