@@ -28,13 +28,21 @@ __all__ = ["MODES", "CompileOptions", "resolve_options"]
 class CompileOptions:
     """How the kiln backend compiles. mode: the mode name these settings started from.
     autotune: benchmark each kernel's candidate configs and keep the fastest.
-    autotune_budget_s: seconds of benchmarking per kernel. cudagraphs: replay the wrapper's
-    launches as a CUDA graph (not implemented yet: a warning says so when asked for)."""
+    autotune_budget_s: seconds of benchmarking per kernel. cudagraphs: record each compiled
+    graph's launches (kernels and library calls) as a CUDA graph per set of input sizes and
+    replay it (`kiln.runtime.cudagraphs`, docs/cudagraphs.md); graphs that cannot be captured
+    (CPU tensors, host syncs) run as without, with one warning saying why.
+    cudagraph_warmup: calls per set of input sizes run without a graph before recording (torch's
+    default, 1). cudagraph_max_recordings: recordings per compiled graph, over input sizes and
+    generations (a new one is made when outputs of earlier replays are still referenced); past
+    it, calls run without a graph (warned once)."""
 
     mode: str = "default"
     autotune: bool = False
     autotune_budget_s: float = 2.0
     cudagraphs: bool = False
+    cudagraph_warmup: int = 1
+    cudagraph_max_recordings: int = 8
 
 
 MODES: dict[str, dict[str, Any]] = {
@@ -46,7 +54,10 @@ MODES: dict[str, dict[str, Any]] = {
 
 _ALIASES = {"max_autotune": "autotune", "triton.cudagraphs": "cudagraphs"}  # torch's spellings
 _TYPES: dict[str, tuple[type, ...]] = {"autotune": (bool,), "cudagraphs": (bool,),
-                                       "autotune_budget_s": (int, float)}
+                                       "autotune_budget_s": (int, float),
+                                       "cudagraph_warmup": (int,),
+                                       "cudagraph_max_recordings": (int,)}
+_MINIMUM = {"cudagraph_warmup": 0, "cudagraph_max_recordings": 1}  # int options
 
 
 def resolve_options(mode: Any = None, options: Any = None) -> CompileOptions:
@@ -98,6 +109,9 @@ def _checked(key: str, name: str, value: Any) -> Any:
             raise InvalidArgument(f"option {key!r} must be positive, got {value!r}",
                                   hint="seconds of benchmarking per kernel, e.g. 2.0")
         return float(value)
+    if name in _MINIMUM and value < _MINIMUM[name]:
+        raise InvalidArgument(f"option {key!r} must be at least {_MINIMUM[name]}, got {value!r}",
+                              hint=f"known keys: {_known()}")
     return value
 
 

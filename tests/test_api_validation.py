@@ -50,14 +50,17 @@ def test_unknown_option_lists_the_known_keys():
         kiln.compile(_f, options={"autotunee": True})
     text = str(info.value)
     assert "unknown option 'autotunee'" in text
-    assert "known keys: autotune, cudagraphs, autotune_budget_s, max_autotune, " \
-           "triton.cudagraphs" in text
+    assert "known keys: autotune, cudagraphs, autotune_budget_s, cudagraph_warmup, " \
+           "cudagraph_max_recordings, max_autotune, triton.cudagraphs" in text
 
 
 @pytest.mark.parametrize("options, message", [
     ({"autotune": "yes"}, "option 'autotune' must be a bool, got 'yes'"),
     ({"autotune_budget_s": 0}, "option 'autotune_budget_s' must be positive, got 0"),
     ({"autotune_budget_s": True}, "option 'autotune_budget_s' must be a int or float"),
+    ({"cudagraph_warmup": -1}, "option 'cudagraph_warmup' must be at least 0, got -1"),
+    ({"cudagraph_max_recordings": 0}, "option 'cudagraph_max_recordings' must be at least 1"),
+    ({"cudagraph_warmup": 1.5}, "option 'cudagraph_warmup' must be a int, got 1.5"),
 ])
 def test_option_values_are_typed(options, message):
     with pytest.raises(InvalidArgument, match=message):
@@ -80,6 +83,10 @@ def test_options_override_the_mode_and_accept_torch_spellings():
                                   cudagraphs=False)
     assert resolve_options(None, {"max_autotune": True}).autotune
     assert resolve_options(None, opts) is opts  # already resolved: passed down as is
+    tuned = resolve_options("reduce-overhead", {"cudagraph_warmup": 3,
+                                                "cudagraph_max_recordings": 2})
+    assert (tuned.cudagraphs, tuned.cudagraph_warmup, tuned.cudagraph_max_recordings) == \
+        (True, 3, 2)
 
 
 def test_kiln_backend_receives_one_resolved_options_object():

@@ -286,6 +286,7 @@ class InferenceVariant(Variant):
         super().__init__(joint, gm)
         compiler = compilers.inference_compiler or compilers.fw_compiler
         _log_graph("inference", joint.gm)
+        _mark_static_inputs(joint.gm, _static_names(joint.gm, joint.static_input_indices))
         self.fn = compiler(joint.gm, _fake_args(joint.gm))
 
     def __call__(self, args: list) -> Any:
@@ -311,6 +312,9 @@ class TrainingVariant(Variant):
         if artifact_enabled("aot_graphs"):
             artifact_logger("aot_graphs").info("saved for backward:\n%s", report)
         self.compilers = compilers
+        static = _static_names(self.partition.fw_gm, joint.static_input_indices)
+        _mark_static_inputs(self.partition.fw_gm, static)
+        _mark_static_inputs(self.partition.bw_gm, static)
         self.fw = compilers.fw_compiler(self.partition.fw_gm, _fake_args(self.partition.fw_gm))
         self.bw: Callable[..., Any] | None = None
         self.function = _make_function(self)
@@ -529,6 +533,20 @@ def _coerce(grad: torch.Tensor | None, spec: TensorSpec) -> torch.Tensor:
         grad = torch.empty_strided(spec.shape, spec.stride, dtype=spec.dtype,
                                    device=spec.device).copy_(grad)
     return grad
+
+
+def _static_names(gm: torch.fx.GraphModule, indices: tuple[int, ...]) -> set[str]:
+    placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    return {placeholders[i] for i in indices if i < len(placeholders)}
+
+
+def _mark_static_inputs(gm: torch.fx.GraphModule, names: set[str]) -> None:
+    """`gm.meta["static_input_indices"]`: the positions of inputs that keep their address
+    between calls (parameters, buffers, module attributes; in a backward graph, the saved ones
+    among them), for a backend that may read them in place (CUDA graphs do not copy them)."""
+    placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    gm.meta["static_input_indices"] = tuple(i for i, name in enumerate(placeholders)
+                                            if name in names)
 
 
 def _log_graph(kind: str, gm: torch.fx.GraphModule) -> None:

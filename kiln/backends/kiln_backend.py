@@ -20,6 +20,10 @@ such sizes, and neither per-size compiles nor the warm start may key on input si
 Inputs the code generator does not handle (complex or other dtypes outside `SUPPORTED_DTYPES`,
 devices other than CUDA and CPU, sparse tensors) make that graph run as torch ops, with one
 warning per kind of input.
+
+`options.cudagraphs` (mode="reduce-overhead", "max-autotune") is the runtime's: each compiled
+graph's wrapper is replayed as CUDA graphs (`kiln.runtime.cudagraphs`). A graph that runs as
+torch ops (the cases above) is not recorded; one warning says why.
 """
 from __future__ import annotations
 
@@ -56,6 +60,7 @@ def kiln_backend(gm: torch.fx.GraphModule, example_inputs: list, *, mode: str | 
     opts = resolve_options(mode, options)
     _check_disabled_passes()
     if _on_cpu(example_inputs) and _cpu_codegen() == "eager":
+        _note_not_graphed(opts, "its inputs are CPU tensors")
         info_once("kiln-cpu-eager",
                   "kiln backend: the inputs are CPU tensors, so the graph runs as torch ops "
                   "(generated Triton would need the slow interpreter on CPU); set "
@@ -63,6 +68,7 @@ def kiln_backend(gm: torch.fx.GraphModule, example_inputs: list, *, mode: str | 
         return gm
     unsupported = unsupported_input(example_inputs)
     if unsupported is not None:
+        _note_not_graphed(opts, f"an input is {unsupported}")
         warn_once(("kiln-unsupported-input", unsupported),
                   f"kiln backend: a graph input is {unsupported}, which kiln's code generator "
                   "does not handle; graphs with such inputs run as torch ops (eager)", log)
@@ -71,6 +77,8 @@ def kiln_backend(gm: torch.fx.GraphModule, example_inputs: list, *, mode: str | 
         # generated kernels and wrappers size buffers from the inputs' sizes; a data-dependent
         # size (`nonzero`'s count) is none of them, and a kernel built for one call's count
         # would be wrong for the next with the same input sizes
+        _note_not_graphed(opts, "its sizes depend on tensor values (nonzero, item(), ...: "
+                                "host sync points)")
         info_once("kiln-unbacked",
                   "kiln backend: a graph with data-dependent sizes (nonzero, masked_select, "
                   "item(), ...) runs as torch ops; the code generator does not handle unbacked "
@@ -78,7 +86,6 @@ def kiln_backend(gm: torch.fx.GraphModule, example_inputs: list, *, mode: str | 
         return gm
     if _on_cpu(example_inputs):
         _check_interpreter()
-    _note_unimplemented(opts)
 
     def compiling(symbolic: bool) -> Callable[[torch.fx.GraphModule, list], Callable[..., Any]]:
         def compile_one(graph: torch.fx.GraphModule, inputs: list) -> Callable[..., Any]:
@@ -134,7 +141,8 @@ def compile_captured(gm: torch.fx.GraphModule, example_inputs: list,
     key = None
     if config.warm_start and _inference_path(example_inputs):
         key = warm_start.graph_key(gm, example_inputs, options)
-        hit = warm_start.load(key, lambda args: _cold(gm, args, options)) if key else None
+        hit = warm_start.load(key, lambda args: _cold(gm, args, options), options) if key \
+            else None
         if hit is not None:
             return hit
     compiled = _cold(gm, example_inputs, options)
@@ -249,11 +257,13 @@ def unsupported_input(example_inputs: list) -> str | None:
     return None
 
 
-def _note_unimplemented(options: CompileOptions) -> None:
+def _note_not_graphed(options: CompileOptions, why: str) -> None:
+    """options.cudagraphs, for a graph that runs as torch ops: say once why it is not
+    replayed as a CUDA graph (kiln records only its own compiled wrappers)."""
     if options.cudagraphs:
-        warn_once("kiln-cudagraphs",
-                  f"kiln backend: mode={options.mode!r} asks for CUDA graphs, which kiln does "
-                  "not record yet; kernels launch one by one", log)
+        warn_once(("kiln-cudagraphs-eager", why),
+                  f"kiln cudagraphs: mode={options.mode!r}, but a graph runs as torch ops "
+                  f"without CUDA graphs: {why}", logging.getLogger("kiln.runtime.cudagraphs"))
 
 
 def _tensors(example_inputs: list) -> list[torch.Tensor]:

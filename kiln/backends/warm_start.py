@@ -31,7 +31,7 @@ from kiln.config import config
 from kiln.runtime.artifact_json import (NotCacheable, artifact_from_json, artifact_json,
                                         check_artifact_json, expect, is_int)
 from kiln.runtime.disk_cache import DiskCache, cache_key, tensor_meta, versions
-from kiln.runtime.pipeline import CompiledArtifact
+from kiln.runtime.pipeline import CompiledArtifact, with_cudagraphs
 
 __all__ = ["STATS", "WarmGraph", "check_payload", "graph_key", "load", "store"]
 
@@ -131,9 +131,10 @@ def _structure_json(tree: Any) -> Any:
 
 # -- loading ---------------------------------------------------------------------------------------
 
-def load(key: str, cold: Callable[[list], Any]) -> WarmGraph | None:
+def load(key: str, cold: Callable[[list], Any], options: Any = None) -> WarmGraph | None:
     """The stored graph for `key` as a callable, or None on a miss. `cold(args)` compiles the
-    full pipeline for the first training call."""
+    full pipeline for the first training call. `options.cudagraphs`: the rebuilt wrapper is
+    replayed as CUDA graphs, as a cold compile's is."""
     payload = DiskCache(NAMESPACE).get(key)
     if payload is None:
         STATS["misses"] += 1
@@ -148,6 +149,8 @@ def load(key: str, cold: Callable[[list], Any]) -> WarmGraph | None:
         return None
     STATS["hits"] += 1
     log.debug("warm start: %s rebuilt from the disk cache", artifact.name)
+    if options is not None and options.cudagraphs:
+        artifact.call = with_cudagraphs(artifact.call, options, artifact.name)
     return WarmGraph(artifact, epilogue, cold)
 
 

@@ -7,6 +7,8 @@ graph (`artifact(*inputs) -> tuple`).
 Steps (`compile_graph`): lower → schedule → codegen (→ autotune under max-autotune) →
 compile kernels → generate the wrapper (`wrapper.py`: readable Python of the whole per-call
 program: allocations, pre-bound kernel launches, library calls, frees, outputs) → exec it.
+Under `options.cudagraphs` (mode="reduce-overhead") `cudagraphs.py` replays that call as CUDA
+graphs (policy there, device mechanism behind a small interface; docs/cudagraphs.md).
 `debug.py` logs `output_code` / `fusion` and writes the `KILN_DEBUG_DIR` files;
 `artifact_json.py` turns an artifact into plain data and back without tracing (the kiln
 backend's warm start stores that data on disk).

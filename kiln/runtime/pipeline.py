@@ -6,6 +6,7 @@
     autotune         options.autotune: best config each    → KernelSpec per FusedGroup
     compile_kernels  kiln.runtime.launcher.build_launchers → one pre-bound launcher per kernel
     wrapper          kiln.runtime.wrapper                  → Python source of call(args), exec'd
+    cudagraphs       options.cudagraphs: kiln.runtime.cudagraphs replays call(args) as CUDA graphs
 
 Each stage is timed (`CompiledArtifact.timings`, seconds). The artifact keeps everything a reader
 or the disk cache needs: the wrapper source, the kernel specs, the schedule and the IR graph.
@@ -28,7 +29,7 @@ from kiln.schedule import schedule as schedule_ir
 from kiln.runtime.launcher import stage_timer
 from kiln.runtime.wrapper import WrapperCode, generate_wrapper, load_wrapper
 
-__all__ = ["CompiledArtifact", "build_kernel_launchers", "compile_graph"]
+__all__ = ["CompiledArtifact", "build_kernel_launchers", "compile_graph", "with_cudagraphs"]
 
 log = logging.getLogger("kiln.runtime")
 
@@ -53,6 +54,13 @@ class CompiledArtifact:
     schedule: Any = None
     graph: Any = None
     timings: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    @property
+    def cudagraphs(self) -> Any:
+        """The `CudaGraphRunner` replaying this graph (options.cudagraphs), else None."""
+        from kiln.runtime.cudagraphs import CudaGraphRunner
+
+        return self.call if isinstance(self.call, CudaGraphRunner) else None
 
     @property
     def kernel_launches(self) -> int:
@@ -101,6 +109,9 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
         code = generate_wrapper(schedule, specs, name)
         constants = {n: c.value for n, c in graph.constants.items()}
         call = load_wrapper(code.source, launchers, constants, name)
+    if options.cudagraphs:
+        call = with_cudagraphs(call, options, name, gm.meta.get("static_input_indices", ()),
+                               graph)
     timings["total"] = sum(v for k, v in timings.items() if k != "total")
     ordered = [specs[g.name] for g in schedule.groups]
     artifact = CompiledArtifact(name, call, code, ordered, schedule, graph, timings)
@@ -112,6 +123,30 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
     log.debug("compiled %s: %d kernels, %d launches, %.3f s", name, len(ordered),
               artifact.kernel_launches, timings["total"])
     return artifact
+
+
+def with_cudagraphs(call: Callable[[Sequence[Any]], tuple], options: CompileOptions,
+                    name: str, static_inputs: Sequence[int] = (), graph: Any = None
+                    ) -> Callable[[Sequence[Any]], tuple]:
+    """`call` replayed as CUDA graphs (options.cudagraphs; `kiln.runtime.cudagraphs`).
+    static_inputs: positions the autograd stage knows keep their address (parameters,
+    buffers). graph: the IRGraph, for what it tells before any call (inputs the wrapper writes,
+    buffers on other devices, library calls that wait for the host); None when rebuilt from
+    the disk cache (such graphs write no input)."""
+    from kiln.runtime.cudagraphs import CudaGraphRunner
+
+    written: list[int] = []
+    devices: set[str] = set()
+    ops: list[Any] = []
+    if graph is not None:
+        positions = {buf.name: i for i, buf in enumerate(graph.inputs) if buf is not None}
+        written = [positions[n] for n, _ in graph.mutations if n in positions]
+        devices = {buf.layout.device.type for buf in graph.buffers.values()}
+        ops = [node.op for node in graph.nodes if hasattr(node, "op")]
+    return CudaGraphRunner(call, name=name, static_inputs=static_inputs, written_inputs=written,
+                           devices=devices, library_ops=ops,
+                           warmup=options.cudagraph_warmup,
+                           max_recordings=options.cudagraph_max_recordings)
 
 
 def build_kernel_launchers(specs: list[Any], dtypes: dict[str, torch.dtype] | None = None
