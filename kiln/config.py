@@ -86,6 +86,13 @@ _FIELDS: dict[str, _Field] = {
                                "the kiln backend compiles a graph with symbolic sizes once, "
                                "with sizes as kernel arguments (off: once per set of sizes, "
                                "kiln.backends.per_size)"),
+    # Issue 17: mode="reduce-overhead" records and replays CUDA graphs (kiln.runtime.cudagraphs).
+    # The bookkeeping is tested on the CPU with a fake mechanism; real capture stays off until the
+    # GPU tests (tests/runtime/test_cudagraphs_gpu.py) have passed on the H200.
+    "cudagraphs_on_gpu": _Field(False, bool, "KILN_CUDAGRAPHS",
+                                "replay compiled graphs as real CUDA graphs when the mode asks "
+                                "for them (off: such graphs run without, with a warning saying "
+                                "so; not yet validated on a GPU)"),
     # On by default, as torch._dynamo.config.optimize_ddp: one graph under DDP has one backward
     # node, so every gradient is ready only when it ends and no all-reduce overlaps it.
     "optimize_ddp": _Field(True, bool, "KILN_OPTIMIZE_DDP",

@@ -42,6 +42,7 @@ def test_defaults():
         "channels_last": False,
         "symbolic_kernels": True,
         "symbolic_bound_launch": False,
+        "cudagraphs_on_gpu": False,
         "optimize_ddp": True,
         "reorder_logging": True,
         "capture_dynamic_output_shape_ops": False,

@@ -37,6 +37,7 @@ from typing import Any, Callable, Collection, Iterator, Protocol, Sequence
 import torch
 
 from kiln import records
+from kiln.config import config
 from kiln.logs import warn_once
 from kiln.runtime._compat import storage_use_count
 
@@ -79,6 +80,9 @@ class CudaGraphMechanism:
     device_type = "cuda"
 
     def unavailable(self) -> str | None:
+        if not config.cudagraphs_on_gpu:
+            return ("CUDA graph replay is not yet validated on a GPU (KILN_CUDAGRAPHS=1 turns it "
+                    "on)")
         return None if torch.cuda.is_available() else "CUDA is not available"
 
     def new_pool(self) -> Any:

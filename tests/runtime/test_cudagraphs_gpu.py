@@ -19,6 +19,13 @@ LOGGER = "kiln.runtime.cudagraphs"
 CUDA = torch.device("cuda")
 
 
+@pytest.fixture(autouse=True)
+def real_cudagraphs(monkeypatch):
+    """Real capture is off by default until these tests pass on the H200 (config.py)."""
+    from kiln.config import config
+    monkeypatch.setattr(config, "cudagraphs_on_gpu", True)
+
+
 def scale_by(args):
     x, w = args
     out = torch.empty_strided(tuple(x.shape), x.stride(), device=x.device)
