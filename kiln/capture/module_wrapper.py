@@ -67,9 +67,9 @@ class CompiledModule(torch.nn.Module):
         module = self._orig_mod
         if not module_has_hooks(module):
             return self.forward(*args, **kwargs)
-        if module._backward_hooks or module._backward_pre_hooks:
-            return module(*args, **kwargs)  # backward hooks need nn.Module's own wrapping
-        return call_module_with_hooks(module, self.forward, args, kwargs)
+        if _only_own_forward_hooks(module):
+            return call_module_with_hooks(module, self.forward, args, kwargs)
+        return _call_with_torch_hooks(module, self.forward, args, kwargs)
 
     def __getattr__(self, name: str) -> Any:
         if name in _SLOTS:  # not set yet (an object being built by copy or pickle)
@@ -142,6 +142,32 @@ class CompiledModule(torch.nn.Module):
     def bfloat16(self) -> CompiledModule:
         self._orig_mod.bfloat16()
         return self
+
+
+def _only_own_forward_hooks(module: torch.nn.Module) -> bool:
+    """No backward hooks and no global hooks: what `call_module_with_hooks` runs is all."""
+    hooks = torch.nn.modules.module  # the global hook tables (not an import statement)
+    return not (getattr(module, "_backward_hooks", None)
+                or getattr(module, "_backward_pre_hooks", None)
+                or hooks._global_forward_hooks or hooks._global_forward_pre_hooks
+                or hooks._global_backward_hooks or hooks._global_backward_pre_hooks)
+
+
+def _call_with_torch_hooks(module: torch.nn.Module, forward: Callable, args: tuple,
+                           kwargs: dict) -> Any:
+    """nn.Module's own call of `module` (backward hooks, global hooks: torch's wrapping of
+    inputs and outputs, hooks given the original module) around the compiled `forward`, which
+    is the instance's `forward` for that call only."""
+    instance = module.__dict__
+    had, saved = "forward" in instance, instance.get("forward")
+    instance["forward"] = forward
+    try:
+        return torch.nn.Module._call_impl(module, *args, **kwargs)
+    finally:
+        if had:
+            instance["forward"] = saved
+        else:
+            del instance["forward"]
 
 
 def _forwarder(name: str) -> Callable:

@@ -500,3 +500,49 @@ def test_copy_and_deepcopy_of_a_compiled_module():
         assert_same_structure_and_values(model(x), deep(x))
         deep.norm1.weight.add_(1)
         assert not torch.equal(model(x), deep(x))
+
+
+def test_backward_hooks_run_around_the_compiled_forward():
+    """A full backward hook needs nn.Module's own call (it wraps inputs and outputs); the
+    forward inside it is still the compiled one, and the hook sees eager's gradients."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3))
+    ref = copy.deepcopy(model)
+    got, want = [], []
+    model.register_full_backward_hook(lambda m, gi, go: got.append((m, go[0].clone())))
+    ref.register_full_backward_hook(lambda m, gi, go: want.append(go[0].clone()))
+    backend = CountingBackend()
+    compiled = kiln.compile(model, backend=backend)
+    x = torch.randn(5, 4, requires_grad=True)
+    y = torch.randn(5, 3)
+    (compiled(x) * y).sum().backward()
+    (ref(x) * y).sum().backward()
+    assert backend.count == 1  # compiled, not run eagerly
+    assert len(got) == len(want) == 1 and got[0][0] is model
+    torch.testing.assert_close(got[0][1], want[0])
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
+    assert "forward" not in model.__dict__
+
+
+def test_global_forward_hooks_run_around_the_compiled_forward():
+    torch.manual_seed(0)
+    model = nn.Linear(4, 4)
+    seen = []
+
+    def hook(module, args, output):
+        seen.append(module)
+        return output + 1
+
+    handle = torch.nn.modules.module.register_module_forward_hook(hook)
+    try:
+        backend = CountingBackend()
+        compiled = kiln.compile(model, backend=backend)
+        x = torch.randn(3, 4)
+        with torch.no_grad():
+            out = compiled(x)
+            want = torch.nn.functional.linear(x, model.weight, model.bias) + 1
+    finally:
+        handle.remove()
+    assert_same_structure_and_values(want, out)
+    assert seen == [model] and backend.count == 1
