@@ -23,21 +23,30 @@ import torch
 import torch.fx
 
 from kiln.autograd.decompositions import LOWER_EXTRAS, keeps
+from kiln.autograd.rng import eager_rng, is_random
 from kiln.lower import _compat
 
 __all__ = ["decompose", "lowering_table", "reset", "trace_aten", "trace_table"]
 
 log = logging.getLogger("kiln.lower")
 
-_tables: dict[str, dict] = {}
+_tables: dict[tuple[str, bool], dict] = {}
 _traced: dict[Any, torch.fx.GraphModule | None] = {}
 
 
 def trace_table() -> dict:
-    if "trace" not in _tables:
+    key = ("trace", eager_rng())
+    if key not in _tables:
         core = _compat.core_aten_decompositions()
-        _tables["trace"] = {op: fn for op, fn in core.items() if not keeps(op, "lower")}
-    return _tables["trace"]
+        _tables[key] = {op: fn for op, fn in core.items() if _decomposed(op)}
+    return _tables[key]
+
+
+def _decomposed(op: Any) -> bool:
+    """Whether the lower stage decomposes `op`. Under eager RNG (`rng.eager_rng`) a random op
+    runs as the op itself, a library call drawing from torch's generator as eager does
+    (decomposed, `native_dropout` drew `rand_like` where eager draws `bernoulli_`)."""
+    return not keeps(op, "lower") and not (eager_rng() and is_random(op))
 
 
 def trace_aten(fn: Callable[..., Any], *inputs: Any, decompositions: dict | None = None,
@@ -51,14 +60,15 @@ def trace_aten(fn: Callable[..., Any], *inputs: Any, decompositions: dict | None
 
 
 def lowering_table() -> dict:
-    if "lower" not in _tables:
+    key = ("lower", eager_rng())
+    if key not in _tables:
         table = dict(trace_table())
         full = _compat.full_decomposition_table()
         for op in LOWER_EXTRAS:
-            if op in full:
+            if op in full and _decomposed(op):
                 table[op] = full[op]
-        _tables["lower"] = table
-    return _tables["lower"]
+        _tables[key] = table
+    return _tables[key]
 
 
 def reset() -> None:
