@@ -264,7 +264,10 @@ class SuperVT(VT):
                 if mapping_method is not None:  # super().get(...) in a registry class
                     return mapping_method
                 if isinstance(attr, types.FunctionType):
-                    return BoundMethodVT(UserFunctionVT(attr), self.obj)
+                    from kiln.capture.variables.builder import class_function
+                    fn = class_function(tx, attr, klass, name) if attr.__closure__ else \
+                        UserFunctionVT(attr)
+                    return BoundMethodVT(fn, self.obj)
                 if isinstance(attr, (staticmethod,)):
                     return wrap_derived(tx, attr.__func__)
                 if isinstance(attr, classmethod):
