@@ -102,10 +102,13 @@ class CodeCache:
     def note_changed_scalars(self, namespace: dict[str, Any]) -> list[str]:
         """Automatic dynamic: an int/float guard of the newest entry that failed marks that value
         symbolic in the next capture (TorchDynamo's automatic_dynamic for scalars). Returns
-        what became dynamic, in words."""
+        what became dynamic, in words. A number read through module state (`self.layer_idx`,
+        a module guard) stays specialized, as TorchDynamo never makes an int attribute of an
+        nn.Module dynamic: layers of one class differ in such ints, and each gets its entry."""
         newly = []
         for guard in self.entries[0].guards if self.entries else ():
             if guard.kind == "constant" and type(guard.expected) in (int, float) and \
+                    not guard.module and \
                     guard.value not in self.dynamic and guard.failure(namespace) is not None:
                 self.dynamic.add(guard.value)
                 newly.append(f"{guard.user} changed from {guard.expected!r}")

@@ -13,6 +13,7 @@ from kiln.capture.unsupported import unsupported
 from kiln.capture.variables.base import VT, CellBox, ConstantVT, NullVT
 from kiln.capture.variables.builtins import binary_op, iterate
 from kiln.capture.variables.containers import DictVT, ListVT, SliceVT, TupleVT
+from kiln.capture.variables.functions import UserFunctionVT
 from kiln.capture.variables.ndarray import NdarrayVT
 from kiln.capture.variables.nn_module import ModuleVT
 from kiln.capture.variables.scalars import SymScalarVT, scalar_op
@@ -228,6 +229,9 @@ def is_same(a: VT, b: VT) -> bool:
         return a.as_constant() is b.as_constant()
     if isinstance(a, ModuleVT) and isinstance(b, ModuleVT):
         return a.module is b.module
+    if isinstance(a, UserFunctionVT) and isinstance(b, UserFunctionVT):
+        # one function read two ways (`kernel.forward.__func__ is type(self).forward`)
+        return a.fn is b.fn
     real_a, real_b = getattr(a, "value", a), getattr(b, "value", b)
     return real_a is real_b
 

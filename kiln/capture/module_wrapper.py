@@ -14,6 +14,7 @@ its state up by identity (docs/distributed.md).
 """
 from __future__ import annotations
 
+import types
 from typing import Any, Callable
 
 import copy
@@ -53,7 +54,11 @@ class CompiledModule(torch.nn.Module):
     def forward(self) -> Callable:  # type: ignore[override]
         module = self._orig_mod
         raw = module.__dict__.get("forward")
-        fn = raw if raw is not None else type(module).forward
+        if isinstance(raw, types.MethodType) and raw.__self__ is module:
+            raw = None  # `module.forward = MethodType(fn, module)` (kernelize): bind fn again
+            fn = module.__dict__["forward"].__func__
+        else:
+            fn = raw if raw is not None else type(module).forward
         cache = self._kiln_forwards
         compiled = cache.get(id(fn))
         if compiled is None:

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from kiln.capture import _compat, rules
-from kiln.capture.sources import Attr, FnClosure, Item, RefItem, Source, is_literal_key
+from kiln.capture.sources import (Attr, ConstSource, FnClosure, Item, RefItem, Source,
+                                  is_literal_key)
 from kiln.capture.unsupported import unsupported
 from kiln.capture.variables.base import VT, ConstantVT
 from kiln.capture.variables.containers import DictVT, ListVT, SliceVT, TupleVT
@@ -164,6 +165,23 @@ def wrap_derived(tx: Translator, value: Any) -> VT:
     return UserObjectVT(value, None)
 
 
+def class_function(tx: Translator, fn: types.FunctionType, cls: type, name: str) -> VT:
+    """A Python function found on a class (`type(obj).forward`, a method, a property getter).
+    One with a closure (a decorator's wrapper: `functools.wraps(orig)(new_forward)`) is read
+    through a source of its own, kiln's reference to that very function: what its cells hold
+    (the wrapped function, the decorator's arguments, a module) is then wrapped with sources
+    and guards like any frame value, so a module or tensor held there can be traced. The cells
+    are class-level state, set when the class was decorated: their guards are module guards
+    (re-checked when a module changes), as the class's other state is."""
+    if not fn.__closure__:
+        return wrap_derived(tx, fn)
+    source = ConstSource(tx.output.consts.index(fn), f"{cls.__qualname__}.{name}")
+    vt = _wrap_callable(tx, fn, source)
+    if isinstance(vt, UserFunctionVT):
+        vt.module_guard = True
+    return vt
+
+
 def _scripted_original(value: Any) -> types.FunctionType | None:
     """The Python function behind a `torch.jit.script` function (TorchScript keeps it as
     `_torchdynamo_inline` for TorchDynamo, which inlines it too: transformers scripts helpers
@@ -206,7 +224,9 @@ def _wrap_callable(tx: Translator, value: Any, source: Source | None) -> VT:
         self_obj = value.__self__
         self_vt = wrap_derived(tx, self_obj) if source is None else wrap(
             tx, self_obj, Attr(source, "__self__"))
-        return BoundMethodVT(_wrap_callable(tx, value.__func__, None), self_vt, source)
+        # the method object is guarded (one stored as `module.forward`): so is its function
+        func_source = Attr(source, "__func__") if source is not None else None
+        return BoundMethodVT(_wrap_callable(tx, value.__func__, func_source), self_vt, source)
     if kind == "inline":
         decorated = _context_decorated(tx, value, source)
         return decorated if decorated is not None else UserFunctionVT(value, source)

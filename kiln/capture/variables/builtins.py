@@ -429,8 +429,41 @@ def _bool(tx: Translator, args: Args, kwargs: Kwargs) -> VT | None:
 
 
 def _id(tx: Translator, args: Args, kwargs: Kwargs) -> VT | None:
+    """`id(obj)` of an object read from the frame (a global, a closure cell, an attribute
+    chain, a module): the object's identity is guarded (`source is <obj>`), which makes its
+    id a constant, as TorchDynamo folds it. A value capture made or traced (a tensor, a list
+    built by the code) has no id that holds across calls: that breaks."""
+    if len(args) == 1 and not kwargs:
+        real = _sourced_object(args[0])
+        if real is not None:
+            source, value = real
+            tx.output.guards.id_match(source, value, location=tx.location())
+            return ConstantVT(id(value))
     unsupported("id", "id() of a traced value is not stable across calls",
                 hint="compare objects with `is` instead of id()")
+
+
+def _sourced_object(vt: VT) -> tuple[Any, Any] | None:
+    """(source, the real object) for a tracker that stands for an object of the frame as is."""
+    from kiln.capture.variables.functions import UserFunctionVT
+    from kiln.capture.variables.nn_module import ModuleVT
+    from kiln.capture.variables.objects import ClassVT, PythonModuleVT, UserObjectVT
+    source = getattr(vt, "source", None)
+    if source is None:
+        return None
+    if isinstance(vt, ModuleVT):
+        return source, vt.module
+    if isinstance(vt, UserObjectVT):
+        return source, vt.value
+    if isinstance(vt, UserFunctionVT):
+        return source, vt.fn
+    if isinstance(vt, ClassVT):
+        return source, vt.cls
+    if isinstance(vt, PythonModuleVT):
+        return source, vt.module
+    if type(vt) is ConstantVT:
+        return source, vt.value
+    return None
 
 
 _HANDLERS: dict[Any, Callable[[Translator, Args, Kwargs], VT | None]] = {

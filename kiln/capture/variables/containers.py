@@ -10,6 +10,7 @@ import torch
 from kiln.capture.sources import Source
 from kiln.capture.unsupported import unsupported
 from kiln.capture.variables.base import VT, ConstantVT, NotConstant
+from kiln.capture.variables.scalars import SymScalarVT
 
 if TYPE_CHECKING:
     from kiln.capture.translator import Translator
@@ -43,6 +44,10 @@ class _Sequence(VT):
     def _index(self, tx: Translator, key: VT) -> VT:
         if isinstance(key, SliceVT):
             return self._rebuild(self.items[key.as_constant()])
+        if isinstance(key, SymScalarVT) and key.python_type() is int:
+            # a Python list holds no graph values to choose from: the index is specialized
+            # (its sources get their equality guards back), as TorchDynamo does
+            key = ConstantVT(key.as_constant())
         if not key.is_constant():
             unsupported("dynamic-index", f"indexing {self.describe()} with {key.describe()}")
         index = key.as_constant()

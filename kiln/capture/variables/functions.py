@@ -59,6 +59,8 @@ class _InlinableVT(VT):
 class UserFunctionVT(_InlinableVT):
     """A real Python function object (a global helper, a method's function, ...)."""
 
+    module_guard = False  # its cells are class-level state (builder.class_function)
+
     def __init__(self, fn: types.FunctionType, source: Source | None = None) -> None:
         self.fn = fn
         self.source = source
@@ -86,7 +88,8 @@ class UserFunctionVT(_InlinableVT):
             except ValueError:  # an empty cell (variable assigned later)
                 cells.append(CellBox(None, source, detached=source is None))
                 continue
-            value = wrap(tx, contents, source) if source is not None else wrap_derived(tx, contents)
+            value = wrap(tx, contents, source, module_guard=self.module_guard) \
+                if source is not None else wrap_derived(tx, contents)
             cells.append(CellBox(value, source, detached=source is None))
         return cells
 
@@ -261,7 +264,10 @@ class SuperVT(VT):
                 if mapping_method is not None:  # super().get(...) in a registry class
                     return mapping_method
                 if isinstance(attr, types.FunctionType):
-                    return BoundMethodVT(UserFunctionVT(attr), self.obj)
+                    from kiln.capture.variables.builder import class_function
+                    fn = class_function(tx, attr, klass, name) if attr.__closure__ else \
+                        UserFunctionVT(attr)
+                    return BoundMethodVT(fn, self.obj)
                 if isinstance(attr, (staticmethod,)):
                     return wrap_derived(tx, attr.__func__)
                 if isinstance(attr, classmethod):

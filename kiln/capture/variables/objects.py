@@ -248,7 +248,8 @@ class _ObjectBase(VT):
             if method is not None:
                 return method
         if isinstance(attr, types.FunctionType):
-            return BoundMethodVT(wrap_derived(tx, attr), self)
+            from kiln.capture.variables.builder import class_function
+            return BoundMethodVT(class_function(tx, attr, self.cls, name), self)
         if isinstance(attr, (types.MethodDescriptorType, types.WrapperDescriptorType,
                              types.BuiltinFunctionType)) and isinstance(self, UserObjectVT):
             return OpaqueMethodVT(self, name)  # a C method: runs natively at a graph break
