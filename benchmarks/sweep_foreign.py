@@ -7,6 +7,8 @@ arguments, and Tensor methods on edge cases, each compiled and compared with eag
 - backend "kiln": inference (modules in eval mode, under torch.no_grad()), the generated kernels
   run in Triton's interpreter on the CPU (TRITON_INTERPRET=1, config.cpu_codegen =
   "triton_interpret"; set here before triton loads).
+- backend "kiln_train" (not in the default list): the aot_eager check with the kiln backend
+  (forward and backward graphs as generated kernels).
 - backend "aot_eager": training. Modules in train mode (except dropout-like ones), float inputs
   and parameters require grad; outputs, input grads, parameter grads and buffers (BatchNorm's
   running stats) are compared with eager's.
@@ -949,7 +951,7 @@ def _run_train(case: Case, backend: str, seeds: tuple[int, ...]) -> str:
 def run_case(case: Case, backend: str, timeout: float, verbose: bool) -> tuple[str, str]:
     import kiln
     from kiln import records
-    if backend == "kiln" and not case.infer or backend == "aot_eager" and not case.train:
+    if backend == "kiln" and not case.infer or backend != "kiln" and not case.train:
         return "skip", "", ""
     kiln.reset()
     handler = _Warnings()
@@ -961,7 +963,7 @@ def run_case(case: Case, backend: str, timeout: float, verbose: bool) -> tuple[s
     detail = ""
     try:
         runner = _run_infer if backend == "kiln" else _run_train
-        note = runner(case, backend, (1, 2))
+        note = runner(case, "kiln" if backend == "kiln_train" else backend, (1, 2))
         result = "ok(fp64)" if note == "fp64" else "ok"
         if handler.messages:
             result, detail = "fallback", handler.messages[0]
@@ -1019,7 +1021,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append({"case": case.name, "backend": backend, "result": result, "detail": detail,
                          "coverage": cover,
                          "seconds": round(time.perf_counter() - t0, 2)})
-            print(f"{case.name:<{width}}  {backend:<9}  {cover:<20} {result:<9} {detail}", flush=True)
+            print(f"{case.name:<{width}}  {backend:<10}  {cover:<20} {result:<9} {detail}", flush=True)
     print()
     summary: dict[str, dict[str, int]] = {}
     for r in rows:
