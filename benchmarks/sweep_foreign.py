@@ -339,6 +339,50 @@ M("PairwiseDistance_p1_keep", lambda: nn.PairwiseDistance(p=1.0, keepdim=True), 
 M("PairwiseDistance_pinf", lambda: nn.PairwiseDistance(p=float("inf")), lambda: (R(4, 6), R(4, 6)))
 M("Sequential_ModuleList", lambda: nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 2)),
   lambda: (R(3, 4),))
+M("Conv2d_half", lambda: nn.Conv2d(3, 4, 3).half(), lambda: (R(1, 3, 5, 5, dtype=torch.float16),), train=False)
+M("Conv2d_channels_last", lambda: nn.Conv2d(3, 4, 3, padding=1),
+  lambda: (R(2, 3, 5, 5).to(memory_format=torch.channels_last),))
+M("Conv2d_1x1_bs1", lambda: nn.Conv2d(4, 2, 1), lambda: (R(1, 4, 1, 1),))
+M("Linear_bf16", lambda: nn.Linear(8, 4).bfloat16(), lambda: (R(3, 8, dtype=torch.bfloat16),))
+M("LayerNorm_half", lambda: _randomize(nn.LayerNorm(16)).half(), lambda: (R(3, 16, dtype=torch.float16),))
+M("LayerNorm_bf16", lambda: _randomize(nn.LayerNorm(16)).bfloat16(), lambda: (R(3, 16, dtype=torch.bfloat16),))
+M("GroupNorm_bf16", lambda: nn.GroupNorm(2, 4).bfloat16(), lambda: (R(2, 4, 3, dtype=torch.bfloat16),))
+M("RMSNorm_half", lambda: _randomize(nn.RMSNorm(8)).half(), lambda: (R(3, 8, dtype=torch.float16),))
+M("BatchNorm2d_channels_last", lambda: _randomize(nn.BatchNorm2d(3)),
+  lambda: (R(2, 3, 4, 4).to(memory_format=torch.channels_last),))
+M("BatchNorm1d_bs1_eval_only", lambda: _randomize(nn.BatchNorm1d(4)), lambda: (R(1, 4),), train=False)
+M("Linear_transposed_input", lambda: _TLinear(), lambda: (R(5, 3),))
+M("ConvBnReluPool", lambda: nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
+                                          nn.MaxPool2d(2), nn.Flatten(), nn.Linear(16, 3)),
+  lambda: (R(2, 3, 4, 4),))
+M("Softmax_half", lambda: nn.Softmax(-1), lambda: (R(3, 7, dtype=torch.float16) * 4,))
+M("GELU_bf16", lambda: nn.GELU(), lambda: (R(3, 7, dtype=torch.bfloat16) * 3,))
+M("Embedding_bf16", lambda: nn.Embedding(10, 4).bfloat16(), lambda: (I(10, 2, 3),))
+M("MHA_need_weights_false", lambda: _MhaNoWeights(), lambda: (R(2, 5, 8),))
+M("TransformerEncoderLayer_eval_fastpath_bf", lambda: nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0,
+                                                                                batch_first=True),
+  lambda: (R(2, 5, 8),), train=False)
+M("GRU_bf_h0", lambda: nn.GRU(3, 4, batch_first=True, num_layers=2), lambda: (R(2, 5, 3), R(2, 2, 4)))
+M("LSTM_unbatched_bi", lambda: nn.LSTM(3, 4, bidirectional=True), lambda: (R(5, 3),))
+
+
+class _TLinear(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(5, 2)
+
+    def forward(self, x):
+        return self.fc(x.t())
+
+
+class _MhaNoWeights(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.mha = nn.MultiheadAttention(8, 4, batch_first=True)
+
+    def forward(self, x):
+        return self.mha(x, x, x, need_weights=False)[0]
+
 
 # losses with valid targets
 for _red in ("mean", "sum", "none"):
@@ -695,6 +739,115 @@ T("inplace_promote_raises", lambda x, y: x.clone().add_(y), lambda: (I(5, 3), R(
 T("setitem_bool_mask_scalar", lambda x: _setitem_mask(x), lambda: (R(4, 5),))
 T("setitem_int_index_tensor", lambda x, i: _setitem_idx(x, i), lambda: (R(4, 5), I(4, 3)))
 T("setitem_step_slice", lambda x: _setitem_step(x), lambda: (R(6, 5),))
+
+T("promo_uint8_int8", lambda a, b: a + b, lambda: (I(255, 6).to(torch.uint8), I(100, 6, low=-100).to(torch.int8)),
+  train=False)
+T("promo_int_0d_double", lambda a, b: a * b, lambda: (I(9, 6, low=-8), torch.tensor(1.5, dtype=torch.float64)),
+  train=False)
+T("promo_half_0d_float", lambda a, b: a * b, lambda: (R(6, dtype=torch.float16), R()))
+T("promo_int32_0d_int64", lambda a, b: a + b, lambda: (I(9, 6).int(), torch.tensor(2 ** 33)), train=False)
+T("promo_bool_python_int", lambda a: a + 3, lambda: (B(6),), train=False)
+T("promo_bool_python_float", lambda a: a * 0.5, lambda: (B(6),), train=False)
+T("promo_int_div_python_int", lambda a: a / 4, lambda: (I(9, 6, low=-8),), train=False)
+T("promo_float64_input", lambda a, b: a + b, lambda: (R(3, dtype=torch.float64), R(3)))
+T("sum_int32_to_int64", lambda a: (a.sum(), a.sum(0), a.cumsum(0)), lambda: (I(2 ** 30, 4, 3).int(),), train=False)
+T("sum_uint8", lambda a: a.sum(-1), lambda: (I(255, 3, 50).to(torch.uint8),), train=False)
+T("prod_bool", lambda a: a.prod(-1), lambda: (B(3, 4),), train=False)
+T("mean_bf16_long", lambda a: a.mean(-1), lambda: (R(2, 300, dtype=torch.bfloat16) + 3,))
+T("var_half", lambda a: a.var(-1), lambda: (R(2, 40, dtype=torch.float16) * 10 + 50,))
+T("sum_dim_empty_tuple", lambda a: a.sum(dim=()), lambda: (R(2, 3),), train=False)
+T("amax_0d_keepdim", lambda a: a.amax(0, keepdim=True), lambda: (R(),))
+T("argmax_bool", lambda a: a.argmax(1), lambda: (B(3, 5),), train=False)
+T("topk_int", lambda a: torch.topk(a, 2), lambda: (I(5, 3, 6),), train=False)
+T("sort_int_stable", lambda a: torch.sort(a, stable=True), lambda: (I(3, 2, 9),), train=False)
+T("sort_nan", lambda a: torch.sort(a.masked_fill(a > 1, float("nan"))), lambda: (R(2, 6),), train=False)
+T("bucketize", lambda a, b: torch.bucketize(a, b), lambda: (R(3, 4), torch.tensor([-1.0, 0.0, 0.5])), train=False)
+T("searchsorted_right", lambda s, v: torch.searchsorted(s, v, right=True),
+  lambda: (torch.sort(R(3, 5)).values, R(3, 2)), train=False)
+T("histc", lambda a: torch.histc(a, bins=4, min=-1, max=1), lambda: (R(20),), train=False)
+T("index_put_accumulate_dups", lambda x, i, v: x.index_put((i,), v, accumulate=True),
+  lambda: (R(5), torch.tensor([0, 2, 2, 4, 0]), R(5)))
+T("index_fill_neg_dim", lambda x, i: x.index_fill(-1, i, -3.0), lambda: (R(3, 4), torch.tensor([0, 2])))
+T("take", lambda x, i: torch.take(x, i), lambda: (R(3, 4), torch.tensor([[0, 11], [-1, 5]])))
+T("take_oob", lambda x, i: torch.take(x, i), lambda: (R(3, 4), torch.tensor([0, 12])))
+T("take_along_dim_neg", lambda x, i: torch.take_along_dim(x, i, dim=-1), lambda: (R(3, 4), I(4, 3, 2)))
+T("scatter_reduce_prod", lambda x, i, s: x.scatter_reduce(0, i, s, "prod"), lambda: (R(3, 4), I(3, 2, 4), R(2, 4)),
+  train=False)
+T("scatter_value_dim_last", lambda x, i: x.scatter(-1, i, 2.5), lambda: (R(3, 4), I(4, 3, 1)))
+T("scatter_oob", lambda x, i: x.scatter(1, i, 1.0), lambda: (R(3, 4), torch.tensor([[0], [4], [1]])), train=False)
+T("masked_fill_int_from_float", lambda x, m: x.masked_fill(m, 2), lambda: (I(9, 3, 4), B(3, 4)), train=False)
+T("where_cond_int_mask", lambda m, x: torch.where(m > 0, x, -x), lambda: (I(3, 3, 4, low=-1), R(3, 4)))
+T("float_mod_zero", lambda x: torch.remainder(x, 0.0), lambda: (R(5),), train=False)
+T("float_div_zero", lambda x, y: (x / y, x // y), lambda: (R(5), torch.tensor([0.0, -0.0, 1.0, 0.0, 2.0])),
+  train=False)
+T("int_remainder_neg_scalar", lambda x: (x % -3, torch.remainder(x, 4)), lambda: (I(9, 8, low=-8),), train=False)
+T("int_floor_div_neg_scalar", lambda x: (x // -3, torch.floor_divide(x, 2)), lambda: (I(9, 8, low=-8),),
+  train=False)
+T("int_min_div_neg1", lambda x: x // -1, lambda: (torch.tensor([-(2 ** 62), 5, -7]),), train=False)
+T("round_neg_decimals", lambda x: x.round(decimals=-1), lambda: (R(6) * 100,), train=False)
+T("float_to_int32_trunc", lambda x: (x * 10).to(torch.int32), lambda: (R(8),), train=False)
+T("bool_to_float_ops", lambda m, x: m.float() * x - m.to(x.dtype), lambda: (B(6), R(6)))
+T("clamp_int_tensor_bounds", lambda x, lo: x.clamp(min=lo, max=5), lambda: (I(9, 6, low=-8), I(3, 6, low=-3)),
+  train=False)
+T("clamp_half_bounds", lambda x: x.clamp(-0.3, 0.4), lambda: (R(8, dtype=torch.float16),))
+T("where_half_scalar", lambda c, x: torch.where(c, x, 1e-4), lambda: (B(8), R(8, dtype=torch.float16)))
+T("minmax_dim_keep_neg", lambda x: (x.min(-1, keepdim=True), x.max(-2)), lambda: (R(3, 4),))
+T("aminmax", lambda x: torch.aminmax(x, dim=0), lambda: (R(3, 4),), train=False)
+T("nansum_nanmean", lambda x: (x.masked_fill(x > 1, float("nan")).nansum(-1),
+                               x.masked_fill(x > 1, float("nan")).nanmean(0)), lambda: (R(3, 4),), train=False)
+T("logaddexp", lambda a, b: (torch.logaddexp(a, b), torch.logaddexp2(a * 30, b)), lambda: (R(5), R(5)))
+T("xlogy_special", lambda a, b: (torch.xlogy(a, b), torch.special.xlog1py(a, b)),
+  lambda: (torch.tensor([0.0, 1.0, 2.0, 0.0]), torch.tensor([0.0, 0.5, 3.0, -1.0])), train=False)
+T("erfinv_lgamma_digamma", lambda x: (torch.erfinv(x * 0.9), torch.lgamma(x + 2), torch.digamma(x + 2)),
+  lambda: (U(6),))
+T("copysign_nextafter", lambda a, b: (torch.copysign(a, b), torch.nextafter(a, b)), lambda: (R(5), R(5)),
+  train=False)
+T("frac_trunc_neg", lambda x: (x.frac(), x.trunc(), x.fix()), lambda: (R(6) * 3,), train=False)
+T("sigmoid_extreme", lambda x: torch.sigmoid(x * 100), lambda: (R(8),))
+T("log_softmax_extreme", lambda x: F.log_softmax(x * 1000, -1), lambda: (R(3, 5),))
+T("softmax_bf16_in_f32_out", lambda x: F.softmax(x, -1, dtype=torch.float32), lambda: (R(3, 5, dtype=torch.bfloat16),))
+T("matmul_half", lambda a, b: a @ b, lambda: (R(3, 8, dtype=torch.float16), R(8, 4, dtype=torch.float16)))
+T("inplace_chain_views", lambda x: _inplace_chain(x), lambda: (R(4, 6),))
+T("inplace_expanded_source", lambda x, y: x.clone().copy_(y.expand(4, 6)), lambda: (R(4, 6), R(1, 6)))
+T("inplace_unsqueeze_view", lambda x: _inplace_unsq(x), lambda: (R(3, 4),))
+T("inplace_on_input_view_returned", lambda x: x.view(-1)[2:5].fill_(1.5), lambda: (R(3, 4),), train=False)
+T("inplace_input_transposed", lambda x: x.t().mul_(2), lambda: (R(3, 4),), train=False)
+T("inplace_int_div_raises", lambda x: x.clone().div_(2), lambda: (I(9, 4),), train=False)
+T("detach_inplace", lambda x: x.detach().mul(2) + x, lambda: (R(3),))
+T("t_on_1d", lambda x: x.t() * 2, lambda: (R(4),))
+T("reshape_noncontig", lambda x: x.t().reshape(-1, 2), lambda: (R(4, 3),))
+T("view_dtype_bits", lambda x: x.view(torch.int32) & 0xFF, lambda: (R(6),), train=False)
+T("flatten_0d", lambda x: x.flatten() * 2, lambda: (R(),))
+T("squeeze_non1_dim", lambda x: x.squeeze(1) + 1, lambda: (R(3, 4),))
+T("diag_embed", lambda x: torch.diag_embed(x, offset=-1), lambda: (R(2, 3),))
+T("diagonal_neg_offset", lambda x: x.diagonal(-1, 0, 1) * 2, lambda: (R(4, 5),))
+T("triu_indices_use", lambda x: x[tuple(torch.triu_indices(4, 4, 1))], lambda: (R(4, 4),))
+T("stack_neg_dim", lambda a, b: torch.stack([a, b], -1), lambda: (R(3, 2), R(3, 2)))
+T("cat_mixed_dtype", lambda a, b: torch.cat([a, b], 0), lambda: (I(5, 2, 3), R(2, 3)), train=False)
+T("cat_neg_dim_noncontig", lambda a, b: torch.cat([a.t(), b], -1), lambda: (R(4, 3), R(3, 2)))
+T("meshgrid_ij_xy", lambda a, b: (*torch.meshgrid(a, b, indexing="xy"),), lambda: (R(3), R(4)))
+T("cross", lambda a, b: torch.linalg.cross(a, b, dim=0), lambda: (R(3, 4), R(3, 4)))
+T("cumsum_empty", lambda x: x.cumsum(0), lambda: (R(0, 3),))
+T("softmax_empty", lambda x: x.softmax(-1), lambda: (R(0, 3),))
+T("argmax_empty_raises", lambda x: x.argmax(), lambda: (R(0),), train=False)
+T("topk_k_too_big_raises", lambda x: torch.topk(x, 5), lambda: (R(3),), train=False)
+T("reshape_bad_raises", lambda x: x.view(5, -1), lambda: (R(3, 4),), train=False)
+T("add_shape_mismatch_raises", lambda x, y: x + y, lambda: (R(3, 4), R(3)), train=False)
+T("matmul_shape_raises", lambda x, y: x @ y, lambda: (R(3, 4), R(3, 4)), train=False)
+
+
+def _inplace_chain(x):
+    y = x.clone()
+    a = y[1:, :]
+    b = a.t()[2:4]
+    b.add_(1).mul_(-1)
+    return y, b
+
+
+def _inplace_unsq(x):
+    y = x.clone()
+    y.unsqueeze(0)[0, 1].sub_(5)
+    return y
 
 
 def _inplace_view(x):

@@ -130,8 +130,10 @@ def gather(x, i):
     return x.gather(1, i) * 2
 def index_select(x, i):
     return x.index_select(0, i) + 1
+def scatter(x, i):
+    return x.scatter(1, i, 2.5) * 2
 fn = {"index": index, "embedding": embedding, "gather": gather,
-      "index_select": index_select}[sys.argv[1]]
+      "index_select": index_select, "scatter": scatter}[sys.argv[1]]
 args = [torch.tensor(a, device="cuda") for a in eval(sys.argv[2])]
 try:
     kiln.compile(fn, backend="kiln")(*args)
@@ -205,6 +207,10 @@ def index_select(x, i):
     return x.index_select(0, i) + 1
 
 
+def scatter(x, i):
+    return x.scatter(1, i, 2.5) * 2
+
+
 def _raises_as_eager(fn, *args):
     """Compiled raises an instance of eager's exception type (gather's is a RuntimeError)."""
     if args[0].is_cuda:
@@ -230,6 +236,30 @@ def test_negative_index_raises_where_eager_does_not_wrap_it(device, op):
     args = (lambda i: (i.to(device), x)) if op == "embedding" else (lambda i: (x, i.to(device)))
     _assert_in_range_works(fn, *args(good))
     _raises_as_eager(fn, *args(bad))
+
+
+@pytest.mark.parametrize("bad", [4, -1])
+def test_scatter_of_one_index_per_row_out_of_range_raises(device, bad):
+    """scatter with one index per row lowers to `where(position == index, value, self)`; the
+    index goes through a bounds-checked indirect index, where the compare alone dropped an
+    out-of-range write silently."""
+    x = torch.randn(3, 4, device=device)
+    _assert_in_range_works(scatter, x, torch.randint(0, 4, (3, 1), device=device))
+    _raises_as_eager(scatter, x, torch.tensor([[0], [bad], [1]], device=device))
+
+
+def test_argmax_of_bool_raises_where_eager_does(device):
+    def fn(x):
+        return x.argmax(1), x.float().argmin(0)
+
+    x = torch.rand(3, 5, device=device) > 0.5
+    try:
+        want = fn(x)
+    except RuntimeError:
+        with pytest.raises(RuntimeError, match="bool"):
+            _compiled(fn)(x)
+        return
+    torch.testing.assert_close(_compiled(fn)(x), want)
 
 
 def test_integer_to_a_negative_scalar_power_raises_like_eager(device):

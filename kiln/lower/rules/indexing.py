@@ -122,7 +122,10 @@ def lower_scatter_one(call: Call, x: TensorValue, dim: int, index: TensorValue,
     def inner(idx: Sequence[Expr]) -> Any:
         at = list(idx)
         at[dim] = as_expr(0)
-        hit = ops.eq(ops.index_expr(idx[dim], torch.int64), li(at))
+        # the index as an indirect index: bounds-checked like gather's (eager raises on one out
+        # of [0, size), negative included), where a compare alone would drop the write
+        pos = ops.indirect_indexing(li(at), x.size[dim], wrap=False)
+        hit = ops.eq(ops.index_expr(idx[dim], torch.int64), ops.index_expr(pos, torch.int64))
         return ops.where(hit, lsrc(at), lx(idx))
 
     return pointwise(call, x.size, inner, x.dtype, [x, index, src])
