@@ -13,7 +13,9 @@ arguments, and Tensor methods on edge cases, each compiled and compared with eag
   and parameters require grad; outputs, input grads, parameter grads and buffers (BatchNorm's
   running stats) are compared with eager's.
 
-Each case is called twice with fresh random inputs (the compiling call, then a cache hit).
+Each case is called twice with fresh random inputs (the compiling call, then a cache hit); with
+--grow, twice more with every leading dim >= 2 one and two larger (a recompile with symbolic
+sizes, then a call that reuses it). Where eager raises, kiln must raise the same type.
 Result per case and backend: `ok`, `ok(fp64)` (outside float tolerance of eager but no farther
 from a float64 run than eager is: rtol/atol as the fuzz oracle, `kiln.tools.fuzz.oracle._TOL`),
 `fallback` (passed after a kiln warning: an eager fallback, allowed), `mismatch <what> maxdiff`,
@@ -54,24 +56,31 @@ GRAD_TOL = {torch.float32: (1e-4, 1e-4)}  # grads sum over batches: the suite's 
 
 # ---------------------------------------------------------------- input helpers (global RNG)
 
+_GROW = 0  # --grow: later calls add this to every leading dim >= 2 (a new size: dynamic shapes)
+
+
+def _g(shape: tuple) -> tuple:
+    return (shape[0] + _GROW, *shape[1:]) if shape and shape[0] >= 2 else shape
+
+
 def R(*shape, dtype=torch.float32):
-    return torch.randn(shape).to(dtype)
+    return torch.randn(_g(shape)).to(dtype)
 
 
 def P(*shape):  # positive
-    return torch.rand(*shape) + 0.5
+    return torch.rand(_g(shape)) + 0.5
 
 
 def U(*shape):  # in (0, 1)
-    return torch.rand(*shape) * 0.9 + 0.05
+    return torch.rand(_g(shape)) * 0.9 + 0.05
 
 
 def I(high, *shape, low=0):
-    return torch.randint(low, high, shape)
+    return torch.randint(low, high, _g(shape))
 
 
 def B(*shape):
-    return torch.rand(*shape) > 0.5
+    return torch.rand(_g(shape)) > 0.5
 
 
 @dataclasses.dataclass
@@ -915,8 +924,14 @@ def _leaves(value: Any) -> list:
 
 
 def _fresh_inputs(case: Case, seed: int) -> tuple:
+    """Seeds 1-2: the case's shapes; seeds 3, 4 (--grow): leading dims 1 and 2 larger."""
+    global _GROW
     torch.manual_seed(seed)
-    return case.inputs()
+    _GROW = max(0, seed - 2)
+    try:
+        return case.inputs()
+    finally:
+        _GROW = 0
 
 
 def _build(case: Case) -> Any:
@@ -1101,7 +1116,8 @@ def _run_train(case: Case, backend: str, seeds: tuple[int, ...]) -> str:
     return "fp64" if "fp64" in notes else ""
 
 
-def run_case(case: Case, backend: str, timeout: float, verbose: bool) -> tuple[str, str]:
+def run_case(case: Case, backend: str, timeout: float, verbose: bool,
+             seeds: tuple[int, ...] = (1, 2)) -> tuple[str, str, str]:
     import kiln
     from kiln import records
     if backend == "kiln" and not case.infer or backend != "kiln" and not case.train:
@@ -1116,7 +1132,7 @@ def run_case(case: Case, backend: str, timeout: float, verbose: bool) -> tuple[s
     detail = ""
     try:
         runner = _run_infer if backend == "kiln" else _run_train
-        note = runner(case, "kiln" if backend == "kiln_train" else backend, (1, 2))
+        note = runner(case, "kiln" if backend == "kiln_train" else backend, seeds)
         result = "ok(fp64)" if note == "fp64" else "ok"
         if handler.messages:
             result, detail = "fallback", handler.messages[0]
@@ -1153,6 +1169,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default="")
     ap.add_argument("--timeout", type=float, default=120.0)
     ap.add_argument("--verbose", action="store_true")
+    ap.add_argument("--grow", action="store_true",
+                    help="two more calls with leading dims 1 and 2 larger (kiln's dynamic shapes)")
     args = ap.parse_args(argv)
     cases = [c for c in CASES if re.search(args.only, c.name)]
     if args.list:
@@ -1168,7 +1186,8 @@ def main(argv: list[str] | None = None) -> int:
     for case in cases:
         for backend in backends:
             t0 = time.perf_counter()
-            result, detail, cover = run_case(case, backend, args.timeout, args.verbose)
+            result, detail, cover = run_case(case, backend, args.timeout, args.verbose,
+                                             (1, 2, 3, 4) if args.grow else (1, 2))
             if result == "skip":
                 continue
             rows.append({"case": case.name, "backend": backend, "result": result, "detail": detail,
