@@ -36,6 +36,7 @@ __all__ = [
     "fake_constant",
     "fake_mode_sharing",
     "guard_count",
+    "replacements",
     "guards_since",
     "is_symbolic",
     "known_equal",
@@ -175,10 +176,26 @@ def guard_count(shape_env: Any) -> int:
     return len(shape_env.guards)
 
 
-def guards_since(shape_env: Any, start: int) -> list[Any]:
+def replacements(shape_env: Any) -> dict:
+    """A copy of `shape_env`'s replacements (symbol -> the expression it equals)."""
+    return dict(shape_env.replacements)
+
+
+def guards_since(shape_env: Any, start: int, replaced: dict | None = None) -> list[Any]:
     """The facts recorded in `shape_env` after its first `start` guards, simplified with its
-    replacements; those that became always true are dropped."""
+    replacements; those that became always true are dropped.
+
+    A guard that specializes a size (`Eq(s0, 6)`: C++ code that reads a concrete size) is also
+    a replacement `s0 -> 6`, after which it simplifies to true: so every replacement made since
+    `replaced` (the replacements when counting started) is a fact of its own, `Eq(s0, 6)` in the
+    symbols the inputs hold, or the facts would lose the specialization."""
     found = []
+    if replaced is not None:
+        for symbol, value in shape_env.replacements.items():
+            if replaced.get(symbol) != value:
+                fact = sympy.Eq(symbol, value)
+                if fact != sympy.true and fact not in found:
+                    found.append(fact)
     for guard in shape_env.guards[start:]:
         expr = shape_env.simplify(guard.expr)
         if expr != sympy.true and expr not in found:

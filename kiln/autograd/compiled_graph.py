@@ -102,6 +102,7 @@ class CompiledGraph:
         # the capture's guards end here: what any trace adds later is checked per call
         self.shape_env = _compat.shape_env_of(_fake_args(gm)) if self.symbolic else None
         self.capture_guards = _compat.guard_count(self.shape_env) if self.symbolic else 0
+        self.capture_replacements = _compat.replacements(self.shape_env) if self.symbolic else {}
         self.variant_for(self._full_args(list(example_inputs)))  # compile errors surface now
 
     def __call__(self, *args: Any) -> Any:
@@ -182,7 +183,8 @@ class CompiledGraph:
             variant = self._variant(trace(self.gm, user_args, symbolic=True))
             if isinstance(variant, TrainingVariant):
                 variant.compile_backward()  # what its compiler assumes is checked per call too
-            facts = _compat.guards_since(self.shape_env, self.capture_guards)
+            facts = _compat.guards_since(self.shape_env, self.capture_guards,
+                                         self.capture_replacements)
             conditions = SizeConditions(facts, variant.joint.size_symbols) if facts else None
         except Exception as err:  # noqa: BLE001 - the per-size traces give eager's answer
             log.debug("the symbolic autograd trace failed (%s: %s); tracing per size instead",

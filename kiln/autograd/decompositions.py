@@ -145,11 +145,57 @@ def _lstm_states_like_hx(func: Callable, args: tuple, kwargs: dict) -> object:
     return out, h_n.reshape(hx[0].shape), c_n.reshape(hx[1].shape)
 
 
+_REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}  # at::Reduction, as torch._C._nn takes it
+
+
+def _multilabel_margin_loss(func: Callable, args: tuple, kwargs: dict) -> object:
+    """F.multilabel_margin_loss as composite ops, right where a target row ends early.
+
+    torch's decomposition of `aten.multilabel_margin_loss_forward` (2.13; registered as the op's
+    Autograd kernel under the Python dispatcher, so a trace takes it before any table is asked)
+    gathers position 0 in place of every target after a row's first -1 and still adds those
+    positions' hinge terms: any target with a -1 gave a larger loss than eager's (torch.compile
+    shares the bug). Here the terms of positions after the end are masked out. Gradients are
+    those of these ops, which are eager's (`multilabel_margin_loss_backward`).
+    """
+    if func is torch._C._nn.multilabel_margin_loss:
+        names = ("input", "target", "reduction")
+        bound = {**dict(zip(names, args)), **kwargs}
+        reduction = _REDUCTIONS[bound.get("reduction", 1)]
+    else:
+        names = ("input", "target", "size_average", "reduce", "reduction")
+        bound = {**dict(zip(names, args)), **kwargs}
+        reduction = bound.get("reduction", "mean")
+        if bound.get("size_average") is not None or bound.get("reduce") is not None:
+            reduction = torch.nn._reduction.legacy_get_string(bound.get("size_average"),
+                                                               bound.get("reduce"))
+    x, target = bound["input"], bound["target"]
+    if x.dim() not in (1, 2) or target.shape != x.shape or x.shape[-1] == 0:
+        return func(*args, **kwargs)  # eager's error messages
+    x2, t2 = torch.atleast_2d(x), torch.atleast_2d(target)
+    dim = x2.shape[-1]
+    idx = torch.arange(dim, device=x.device)
+    end = torch.amin(torch.where(t2 == -1, idx, dim), dim=-1, keepdim=True)
+    valid = idx < end  # [batch, j]: target positions before the row's first -1
+    u = torch.gather(x2, -1, torch.where(valid, t2, 0))
+    is_target = torch.any(idx == torch.where(valid, t2, -1).unsqueeze(-1), dim=1)  # [batch, k]
+    z = (1.0 - u.unsqueeze(-1) + x2.unsqueeze(1)).clamp_min(0) / dim  # [batch, j, k]
+    z = torch.where(valid.unsqueeze(-1) & ~is_target.unsqueeze(1), z, 0)
+    per_row = z.sum(dim=(1, 2))
+    if reduction == "none":
+        return per_row.reshape(x.shape[:-1])
+    if reduction == "sum":
+        return per_row.sum()
+    return per_row.sum() / max(per_row.shape[0], 1)  # eager: 0 for an empty batch, not nan
+
+
 # torch functions whose traced form needs a fix, applied around the call while replaying the
 # captured graph (`trace._FunctionFixes`); keyed by the function object.
 FUNCTION_FIXES: dict[Callable, Callable] = {
     torch.lstm: _lstm_states_like_hx,
     torch._C._VariableFunctions.lstm: _lstm_states_like_hx,
+    torch.nn.functional.multilabel_margin_loss: _multilabel_margin_loss,
+    torch._C._nn.multilabel_margin_loss: _multilabel_margin_loss,
 }
 
 

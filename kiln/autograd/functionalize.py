@@ -6,7 +6,7 @@ records out-of-place ops only, and it applies the decomposition policy as it rec
 of graph inputs come out of functionalization as trailing `copy_(input, new_value)`; the tracer
 turns each into an extra forward output (the runtime writes it back after the call).
 
-Then: dead code is removed (random ops survive under eager RNG), every node is tagged with its
+Then: dead code is removed (random ops survive under eager RNG, assertions always), every node is tagged with its
 phase, and the graph is checked — no op may mutate, every node has meta["val"].
 
 Refused (AutogradUnsupported, the backend runs the graph eagerly): an input mutated while it
@@ -26,7 +26,7 @@ from kiln.autograd.rng import eager_rng, is_random
 from kiln.autograd.mutation import mutated_arg_positions
 from kiln.autograd.joint import AutogradUnsupported, JointGraph, OutputInfo, RawTrace
 from kiln.autograd.symbolic import SizeSymbols
-from kiln.autograd.tracer import PROVENANCE_KEYS, ATenTracer
+from kiln.autograd.tracer import PROVENANCE_KEYS, ATenTracer, is_assertion
 from kiln.errors import InternalError
 
 __all__ = ["functionalize_raw", "check_functional", "tag_phases", "eliminate_dead_code"]
@@ -160,11 +160,12 @@ def _refuse_aliased_mutations(updates: dict[int, Any], primals: list, bases: tup
 
 def eliminate_dead_code(graph: torch.fx.Graph, *, keep_random: bool) -> None:
     """Remove nodes nothing uses (random ops stay when `keep_random`: they advance the
-    generator). The graph is functional by now, so no other node has a side effect."""
+    generator; assertions stay: they raise). The graph is functional by now, so no other node
+    has a side effect."""
     for node in reversed(list(graph.nodes)):
         if node.op in ("placeholder", "output") or node.users:
             continue
-        if keep_random and is_random(node.target):
+        if keep_random and is_random(node.target) or is_assertion(node.target):
             continue
         graph.erase_node(node)
 

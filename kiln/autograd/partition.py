@@ -49,6 +49,7 @@ import torch
 import torch.fx as fx
 
 from kiln.autograd._compat import size_hint
+from kiln.autograd.tracer import is_assertion
 from kiln.autograd.maxflow import FlowNetwork
 from kiln.autograd.saved_report import SavedValue, format_saved_report
 from kiln.errors import InternalError, InvalidArgument
@@ -244,8 +245,9 @@ def _classify(joint: Any) -> _Joint:
     primals, tangents = placeholders[:n_p], placeholders[n_p:]
     backward = _backward_nodes(nodes, tangents)
     fw_outputs = outputs[:n_out]
-    random = [n for n in nodes if n.op == "call_function" and _is_random(n.target)
-              and n not in backward]
+    # random ops and assertions (their effect is not a value) run in the forward, once
+    random = [n for n in nodes if n.op == "call_function"
+              and (_is_random(n.target) or is_assertion(n.target)) and n not in backward]
     required_fw = _ancestors(_nodes_in(fw_outputs) + random)
     if bad := sorted(n.name for n in required_fw & backward):
         raise InternalError(f"forward outputs depend on tangents through {bad[:5]}",

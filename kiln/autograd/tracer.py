@@ -21,7 +21,7 @@ from kiln.autograd.decompositions import keeps
 from kiln.autograd.mutation import mutated_arg_positions
 from kiln.autograd.symbolic import SizeNodes
 
-__all__ = ["ATenTracer", "PROVENANCE_KEYS"]
+__all__ = ["ASSERTIONS", "ATenTracer", "PROVENANCE_KEYS", "is_assertion"]
 
 # The node meta a replay copies onto the ATen nodes an FX node becomes (`ATenTracer.provenance`).
 PROVENANCE_KEYS = ("user_location", "stack_trace")
@@ -35,6 +35,18 @@ def _bound_args(op: _compat.OpOverload, args: tuple, kwargs: dict) -> list[Any]:
 
 
 _UNKNOWN = object()
+
+
+# Ops whose only effect is to raise: torch's decompositions check data with them (one_hot's
+# `_assert_async.msg(all(self < num_classes), ...)`), where eager's kernel raises. They return
+# no tensor and have no users, so the tracer records them anyway and dead-code removal and the
+# partitioner keep them explicitly; on the CPU they raise RuntimeError as eager does, on CUDA
+# they are device asserts.
+ASSERTIONS = frozenset({torch.ops.aten._assert_async.default, torch.ops.aten._assert_async.msg})
+
+
+def is_assertion(target: Any) -> bool:
+    return target in ASSERTIONS
 
 
 class ATenTracer(_compat.TorchDispatchMode):
@@ -155,7 +167,7 @@ class ATenTracer(_compat.TorchDispatchMode):
 
     def _record(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
         writes = mutated_arg_positions(func)
-        if not writes and not _has_tensor(out):
+        if not writes and not _has_tensor(out) and not is_assertion(func):
             return  # a pure query (sizes, flags): nothing to record
         if writes and self.on_mutation is not None:
             self.on_mutation(func, _bound_args(func, args, kwargs))

@@ -238,10 +238,15 @@ class TritonPrinter(OpsHandler):
             return self.constant(expr.const, dtype)
         return self._emit(f"({self.index(expr)}).to({triton_dtype(dtype)})", dtype)
 
-    def indirect_indexing(self, value: TV, size: int, check: bool = True) -> Expr:
+    def indirect_indexing(self, value: TV, size: int, check: bool = True,
+                          wrap: bool = True) -> Expr:
         # wrap and check in the index's own dtype: a cast to int32 first would fold 2**32 + 1
-        # into range
-        v = self._emit(f"tl.where({value} < 0, {value} + {size}, {value})", None, cse=False)
+        # into range. Without `wrap` (gather, index_select, embedding) a negative index is out
+        # of range, as eager has it.
+        if wrap:
+            v = self._emit(f"tl.where({value} < 0, {value} + {size}, {value})", None, cse=False)
+        else:
+            v = value
         if check:
             self._check_index(v, size)
         cast = "tl.int32" if size < 2**31 else "tl.int64"
@@ -250,7 +255,8 @@ class TritonPrinter(OpsHandler):
         return sym(wrapped.name, size)
 
     def _check_index(self, v: TV, size: int) -> None:
-        """Eager raises on an index outside [-size, size); a kernel would read other memory.
+        """Eager raises on an index outside [-size, size) (outside [0, size) for ops that do not
+        wrap); a kernel would read other memory.
         `_check_index` is a device assert (kernels with checks compile with debug=True) or,
         interpreted, an IndexError; lanes outside the masks loaded no index and are skipped."""
         ok = f"(0 <= {v}) & ({v} < {size})"

@@ -79,7 +79,8 @@ class DepsCollector(OpsHandler):
         self.ops += 1
         return _TOKEN
 
-    def indirect_indexing(self, value: Any, size: int, check: bool = True) -> Expr:
+    def indirect_indexing(self, value: Any, size: int, check: bool = True,
+                          wrap: bool = True) -> Expr:
         name = f"i{self.indirect}"
         self.indirect += 1
         return sym(name, size)

@@ -17,6 +17,7 @@ import torch.fx
 
 from kiln.lower import _compat, attention, channels_last, padding, rules, symbolic  # noqa: F401 (rules: the rule table)
 from kiln.lower.deps import read_writes
+from kiln.lower.index import Expr, size_names
 from kiln.lower.ir import (
     ComputedBuffer,
     ConstantBuffer,
@@ -153,6 +154,8 @@ def _bind_inputs(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None,
             builder.graph.inputs.append(buf)
             interp.env[node] = BufferValue(buf)
         else:
+            if isinstance(val, Expr) and size_names(val):
+                builder.graph.size_inputs[len(builder.graph.inputs)] = val
             builder.graph.inputs.append(None)
             interp.env[node] = val
     for node in gm.graph.nodes:

@@ -129,9 +129,11 @@ class Evaluator(OpsHandler):
     def index_expr(self, expr: Expr, dtype: torch.dtype) -> torch.Tensor:
         return self._expr(expr).to(dtype)
 
-    def indirect_indexing(self, value: torch.Tensor, size: int, check: bool = True) -> Expr:
+    def indirect_indexing(self, value: torch.Tensor, size: int, check: bool = True,
+                          wrap: bool = True) -> Expr:
         value = value.long()
-        value = torch.where(value < 0, value + size, value)
+        if wrap:
+            value = torch.where(value < 0, value + size, value)
         if check:
             bad = (value < 0) | (value >= size)
             if self.masks:

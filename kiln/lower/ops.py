@@ -17,7 +17,7 @@ Values are opaque to the body (tensors, names, ...); indices are always `index.E
 The vocabulary (`OpsHandler` documents each):
 
 - memory: `load(name, index)`, `store(name, index, value)`, `store_reduction(name, index, value)`
-- leaves: `constant(value, dtype)`, `index_expr(expr, dtype)`, `indirect_indexing(value, size)`
+- leaves: `constant(value, dtype)`, `index_expr(expr, dtype)`, `indirect_indexing(value, size, wrap=...)`
 - control: `to_dtype(x, dtype)`, `where(cond, a, b)`, `masked(mask, body, other)`,
   `reduction(dtype, src_dtype, reduction_type, value)`
 - math: the names in `UNARY_OPS` and `BINARY_OPS` (`ops.add(a, b)`, `ops.exp(x)`, ...), one
@@ -77,9 +77,12 @@ class OpsHandler:
         """The integer value of an index expression, as a value of `dtype`."""
         raise NotImplementedError
 
-    def indirect_indexing(self, value: Any, size: int, check: bool = True) -> Expr:
-        """Turn a loaded integer value into an index symbol over `[0, size)` (negative values
-        wrap once, as in torch indexing); `check` asks for a bounds check where supported."""
+    def indirect_indexing(self, value: Any, size: int, check: bool = True,
+                          wrap: bool = True) -> Expr:
+        """Turn a loaded integer value into an index symbol over `[0, size)`; `check` asks for a
+        bounds check where supported. With `wrap`, negative values wrap once, as in torch
+        indexing (`x[idx]`); without, a negative value is out of range, as in `gather`,
+        `index_select` and `embedding`, whose eager kernels raise on it."""
         raise NotImplementedError
 
     def to_dtype(self, x: Any, dtype: torch.dtype) -> Any:

@@ -88,10 +88,11 @@ class Printer(OpsHandler):
     def index_expr(self, expr: Expr, dtype: torch.dtype) -> _Val:
         return self._emit(f"ops.index_expr({expr}, {dtype})")
 
-    def indirect_indexing(self, value: Any, size: int, check: bool = True) -> Expr:
+    def indirect_indexing(self, value: Any, size: int, check: bool = True,
+                          wrap: bool = True) -> Expr:
         name = f"i{self.indirect}"
         self.indirect += 1
-        extra = "" if check else ", check=False"
+        extra = ("" if check else ", check=False") + ("" if wrap else ", wrap=False")
         self._line(f"{name} = ops.indirect_indexing({value}, {size}{extra})")
         return sym(name, size)
 

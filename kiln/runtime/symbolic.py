@@ -15,9 +15,10 @@ from __future__ import annotations
 from typing import Any
 
 from kiln.lower.index import Expr, size_names
-from kiln.lower.ir import IRGraph
+from kiln.lower.ir import IRGraph, TensorArg
 
-__all__ = ["SymbolicSizeOverflow", "check_extents", "size_sources", "symbolic_prologue"]
+__all__ = ["SymbolicSizeOverflow", "check_extents", "size_param", "size_sources",
+           "symbolic_prologue"]
 
 INT32_EXTENT = 2**31 - 1
 
@@ -36,9 +37,15 @@ class SymbolicWrapperError(RuntimeError):
     """A size symbol of the graph has no input dim to read it from."""
 
 
-def size_sources(graph: IRGraph) -> dict[str, tuple[str, int]]:
-    """Each size symbol → (input name, dim) whose size it is."""
-    sources: dict[str, tuple[str, int]] = {}
+def size_param(i: int) -> str:
+    """The wrapper's name for input `i` when it is a symbolic size (`IRGraph.size_inputs`)."""
+    return f"_size{i}"
+
+
+def size_sources(graph: IRGraph) -> dict[str, tuple[str, int | None]]:
+    """Each size symbol → (input name, dim) whose size it is; dim None: the input is the size
+    itself (an int input, `IRGraph.size_inputs`)."""
+    sources: dict[str, tuple[str, int | None]] = {}
     for buf in graph.inputs:
         if buf is None:
             continue
@@ -46,7 +53,18 @@ def size_sources(graph: IRGraph) -> dict[str, tuple[str, int]]:
             name = _plain_symbol(size)
             if name is not None:
                 sources.setdefault(name, (buf.name, d))
+    for i, size in graph.size_inputs.items():
+        name = _plain_symbol(size)
+        if name is not None:
+            sources.setdefault(name, (size_param(i), None))
     return sources
+
+
+def _names_in(value: Any) -> set[str]:
+    """Size symbols in a non-tensor output (a symbolic int, nested in lists and tuples)."""
+    if isinstance(value, (list, tuple)):
+        return set().union(*(_names_in(v) for v in value)) if value else set()
+    return size_names(value) if isinstance(value, Expr) else set()
 
 
 def _plain_symbol(size: Any) -> str | None:
@@ -68,11 +86,20 @@ def symbolic_prologue(graph: IRGraph) -> list[str]:
             needed |= size_names(value)
         if size_names(lay.storage_size()):
             extents.append(str(lay.storage_size()))
+    # outputs and input updates are views whose geometry may name sizes no buffer has (the
+    # backward of a sum: an expand of a static gradient to the input's symbolic shape)
+    views = [*graph.outputs, *(arg for _, arg in graph.mutations)]
+    for view in views:
+        if isinstance(view, TensorArg):
+            for value in (*view.size, *view.stride, view.offset):
+                needed |= size_names(value)
+        else:
+            needed |= _names_in(view)
     missing = needed - set(sources)
     if missing:
         raise SymbolicWrapperError(f"no input dim gives the size(s) {sorted(missing)}")
-    lines = [f"{name} = {src}.shape[{d}]" for name, (src, d) in
-             sorted(sources.items(), key=lambda kv: (len(kv[0]), kv[0]))]
+    lines = [f"{name} = {src}.shape[{d}]" if d is not None else f"{name} = {src}"
+             for name, (src, d) in sorted(sources.items(), key=lambda kv: (len(kv[0]), kv[0]))]
     if extents:
         lines.append(f"check_extents({', '.join(dict.fromkeys(extents))})")
     return lines

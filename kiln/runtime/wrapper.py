@@ -25,7 +25,7 @@ import torch
 from kiln.lower.ir import (Buffer, ConstantBuffer, ExternKernel, ExternOutput, Fallback,
                            IRGraph, InputBuffer, TensorArg)
 from kiln.lower.printer import format_value
-from kiln.runtime.symbolic import symbolic_prologue
+from kiln.runtime.symbolic import size_param, symbolic_prologue
 from kiln.schedule import FusedGroup, Schedule
 
 __all__ = ["WrapperCode", "aligned_bias", "fit_layout", "generate_wrapper", "load_wrapper",
@@ -280,7 +280,8 @@ class _Writer:
 
     def write(self) -> WrapperCode:
         graph = self.graph
-        params = [buf.name if buf is not None else f"_unused{i}"
+        params = [buf.name if buf is not None
+                  else size_param(i) if i in graph.size_inputs else f"_unused{i}"
                   for i, buf in enumerate(graph.inputs)]
         if params:
             self._line(f"{', '.join(params)}, = args")

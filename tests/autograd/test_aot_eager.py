@@ -629,3 +629,47 @@ def test_lstm_final_states_keep_eagers_shape_under_torchs_squeeze_bug(monkeypatc
     # on CUDA eager's LSTM is cuDNN's (TF32 by default): values are checked against fp64 in
     # tests/runtime/test_eager_parity.py; here the shapes are the point
     torch.testing.assert_close(ours, theirs, rtol=1e-3, atol=2e-4)
+
+
+# -- torch decompositions that differ from eager (benchmarks/sweep_foreign.py) ---------------------
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_multilabel_margin_loss_ignores_targets_after_the_first_minus_one(reduction):
+    """torch's decomposition of multilabel_margin_loss_forward gathers position 0 for every
+    target after a row's -1 and still adds those hinge terms; kiln traces F.multilabel_margin_loss
+    as its own composite (`decompositions.FUNCTION_FIXES`), equal to eager with grads."""
+    loss = nn.MultiLabelMarginLoss(reduction=reduction)
+    compiled = kiln.compile(loss, backend="aot_eager")
+    for _ in range(2):
+        x = torch.randn(5, 6, requires_grad=True)
+        target = torch.randint(0, 6, (5, 6))
+        target[torch.rand(5, 6) < 0.3] = -1  # rows end early, at random places
+        x2 = x.detach().clone().requires_grad_(True)
+        ours, theirs = compiled(x2, target), loss(x, target)
+        close(ours, theirs, "loss")
+        weight = torch.randn(theirs.shape)
+        (ours * weight).sum().backward()
+        (theirs * weight).sum().backward()
+        close(x2.grad, x.grad, "grad")
+    x1 = torch.randn(6)  # unbatched, through torch._C._nn directly
+    t1 = torch.tensor([2, 5, -1, 0, 1, 3])
+    fn = lambda a, b: torch._C._nn.multilabel_margin_loss(a, b, 2)  # noqa: E731
+    close(kiln.compile(fn, backend="aot_eager")(x1, t1), fn(x1, t1), "unbatched sum")
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_one_hot_range_checks_survive_tracing(requires_grad):
+    """one_hot's decomposition checks its classes with `_assert_async.msg` (no users, no tensor
+    out): the tracer records it, dead-code removal and the partitioner keep it, so a class out
+    of range raises eager's RuntimeError, in inference and in a training graph's forward."""
+    def fn(labels, w):
+        return F.one_hot(labels, 4).to(w.dtype) @ w
+
+    compiled = kiln.compile(fn, backend="aot_eager")
+    w = torch.randn(4, 3, requires_grad=requires_grad)
+    labels = torch.randint(0, 4, (5,))
+    close(compiled(labels, w), fn(labels, w), "in range")
+    for bad in (4, -1):
+        labels[2] = bad
+        with pytest.raises(RuntimeError, match="one_hot: Class values"):
+            compiled(labels, w)

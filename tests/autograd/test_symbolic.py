@@ -408,3 +408,25 @@ def test_a_later_variant_is_checked_against_facts_an_earlier_trace_added():
     symbolic = list(compiled.variants.values())
     assert len(symbolic) == 2 and all(isinstance(v, SymbolicVariant) for v in symbolic)
     assert all("10" in str(v.conditions) for v in symbolic)
+
+
+def test_a_size_the_trace_specializes_is_a_condition(recorder):
+    """cumprod's backward (torch's C++ formula) reads a concrete size under the symbolic trace:
+    the ShapeEnv guards `Eq(s0, 6)` and replaces s0 by 6, after which the guard simplified to
+    true and was dropped, so the graph traced for 6 rows served 7 rows (a [6, 3] gradient for a
+    [7, 3] input: the backward raised). Every replacement made after capture is now a fact of
+    its own; this one names a symbol the specialized inputs no longer carry, so the graph is
+    traced per size."""
+    def fn(x):
+        return (x * (x > -0.5)).cumprod(0)
+
+    compiled = kiln.compile(fn, backend="aot_eager")
+    for rows in (5, 6, 7, 9):
+        x = torch.randn(rows, 3, requires_grad=True)
+        x2 = x.detach().clone().requires_grad_(True)
+        ours, theirs = compiled(x2), fn(x)
+        close(ours, theirs, f"output, {rows} rows")
+        weight = torch.randn(theirs.shape)
+        (ours * weight).sum().backward()
+        (theirs * weight).sum().backward()
+        close(x2.grad, x.grad, f"grad, {rows} rows")

@@ -126,7 +126,14 @@ def index(x, i):
     return x[i] * 2
 def embedding(ids, w):
     return F.embedding(ids, w) + 1
-fn = {"index": index, "embedding": embedding}[sys.argv[1]]
+def gather(x, i):
+    return x.gather(1, i) * 2
+def index_select(x, i):
+    return x.index_select(0, i) + 1
+def scatter(x, i):
+    return x.scatter(1, i, 2.5) * 2
+fn = {"index": index, "embedding": embedding, "gather": gather,
+      "index_select": index_select, "scatter": scatter}[sys.argv[1]]
 args = [torch.tensor(a, device="cuda") for a in eval(sys.argv[2])]
 try:
     kiln.compile(fn, backend="kiln")(*args)
@@ -190,6 +197,97 @@ def test_embedding_with_an_id_past_the_table_raises(device):
     w = torch.randn(5, 4, device=device)
     _assert_in_range_works(embedding, torch.tensor([[0, 4, 2]], device=device), w)
     _raises_like_eager(embedding, torch.tensor([[0, 1, 9]], device=device), w)
+
+
+def gather(x, i):
+    return x.gather(1, i) * 2
+
+
+def index_select(x, i):
+    return x.index_select(0, i) + 1
+
+
+def scatter(x, i):
+    return x.scatter(1, i, 2.5) * 2
+
+
+def _raises_as_eager(fn, *args):
+    """Compiled raises an instance of eager's exception type (gather's is a RuntimeError)."""
+    if args[0].is_cuda:
+        _raises_in_child(fn.__name__, args)
+        return
+    with pytest.raises(Exception) as eager:
+        fn(*args)
+    with pytest.raises(type(eager.value), match="out of (bounds|range)"):
+        _compiled(fn)(*args)
+
+
+@pytest.mark.parametrize("op", ["gather", "index_select", "embedding"])
+def test_negative_index_raises_where_eager_does_not_wrap_it(device, op):
+    """`x[i]` counts a negative index from the end; gather, index_select and embedding raise on
+    one in eager, so their indirect loads do not wrap it (it used to read row size - 1)."""
+    x = torch.randn(4, 3, device=device)
+    fn, good, bad = {
+        "gather": (gather, torch.tensor([[0, 2], [1, 1], [2, 0], [0, 0]]),
+                   torch.tensor([[0, 2], [1, -1], [2, 0], [0, 0]])),
+        "index_select": (index_select, torch.tensor([0, 3, 1]), torch.tensor([0, -1, 1])),
+        "embedding": (embedding, torch.tensor([[0, 3, 1]]), torch.tensor([[0, -1, 1]])),
+    }[op]
+    args = (lambda i: (i.to(device), x)) if op == "embedding" else (lambda i: (x, i.to(device)))
+    _assert_in_range_works(fn, *args(good))
+    _raises_as_eager(fn, *args(bad))
+
+
+@pytest.mark.parametrize("bad", [4, -1])
+def test_scatter_of_one_index_per_row_out_of_range_raises(device, bad):
+    """scatter with one index per row lowers to `where(position == index, value, self)`; the
+    index goes through a bounds-checked indirect index, where the compare alone dropped an
+    out-of-range write silently."""
+    x = torch.randn(3, 4, device=device)
+    _assert_in_range_works(scatter, x, torch.randint(0, 4, (3, 1), device=device))
+    _raises_as_eager(scatter, x, torch.tensor([[0], [bad], [1]], device=device))
+
+
+def test_argmax_of_bool_raises_where_eager_does(device):
+    def fn(x):
+        return x.argmax(1), x.float().argmin(0)
+
+    x = torch.rand(3, 5, device=device) > 0.5
+    try:
+        want = fn(x)
+    except RuntimeError:
+        with pytest.raises(RuntimeError, match="bool"):
+            _compiled(fn)(x)
+        return
+    torch.testing.assert_close(_compiled(fn)(x), want)
+
+
+def test_integer_to_a_negative_scalar_power_raises_like_eager(device):
+    """Eager refuses `int_tensor ** -k`; the pow rule refuses it too, so the ATen op raises."""
+    def fn(x):
+        return (x + 1) ** -2
+
+    x = torch.randint(1, 5, (6,), device=device)
+    with pytest.raises(RuntimeError, match="negative integer powers"):
+        fn(x)
+    with pytest.raises(RuntimeError, match="negative integer powers"):
+        _compiled(fn)(x)
+    y = torch.randn(6, device=device)  # floats still lower
+    torch.testing.assert_close(_compiled(fn)(y), fn(y))
+
+
+@pytest.mark.explicit_device
+def test_one_hot_class_out_of_range_raises_like_eager():
+    """one_hot's `_assert_async.msg` range checks run (an extern call) in the kiln backend's
+    wrapper. CPU only: CUDA's eager one_hot and the assert are device-side asserts."""
+    def fn(labels):
+        return F.one_hot(labels, 4) * 3
+
+    labels = torch.randint(0, 4, (6,))
+    _assert_in_range_works(fn, labels)
+    labels[1] = 4
+    with pytest.raises(RuntimeError, match="Class values must be smaller"):
+        _compiled(fn)(labels)
 
 
 def _assert_in_range_works(fn, *args):

@@ -20,15 +20,18 @@ from kiln.lower.values import TensorValue
 aten = torch.ops.aten
 
 
-def _indirect(index_value: TensorValue, size: int) -> Any:
+def _indirect(index_value: TensorValue, size: int, wrap: bool = True) -> Any:
+    """Loads of `index_value` as an index symbol over `[0, size)`. `wrap`: negative indices
+    count from the end (`x[idx]`); embedding, gather and index_select raise on them in eager,
+    so they pass `wrap=False` and a negative index fails the bounds check."""
     load = index_value.loader()
-    return lambda idx: ops.indirect_indexing(load(idx), size)
+    return lambda idx: ops.indirect_indexing(load(idx), size, wrap=wrap)
 
 
 @register(aten.embedding.default)
 def lower_embedding(call: Call, weight: TensorValue, indices: TensorValue, padding_idx: int = -1,
                     scale_grad_by_freq: bool = False, sparse: bool = False) -> TensorValue:
-    row = _indirect(indices, weight.size[0])
+    row = _indirect(indices, weight.size[0], wrap=False)
     load = weight.loader()
     k = len(indices.size)
 
@@ -42,7 +45,7 @@ def lower_embedding(call: Call, weight: TensorValue, indices: TensorValue, paddi
 def lower_gather(call: Call, x: TensorValue, dim: int, index: TensorValue, *,
                  sparse_grad: bool = False) -> TensorValue:
     dim = norm_dim(dim, len(x.size))
-    pos = _indirect(index, x.size[dim])
+    pos = _indirect(index, x.size[dim], wrap=False)
     load = x.loader()
 
     def inner(idx: Sequence[Expr]) -> Any:
@@ -56,7 +59,7 @@ def lower_gather(call: Call, x: TensorValue, dim: int, index: TensorValue, *,
 @register(aten.index_select.default)
 def lower_index_select(call: Call, x: TensorValue, dim: int, index: TensorValue) -> TensorValue:
     dim = norm_dim(dim, len(x.size))
-    pos = _indirect(index, x.size[dim])
+    pos = _indirect(index, x.size[dim], wrap=False)
     load = x.loader()
 
     def inner(idx: Sequence[Expr]) -> Any:
@@ -119,7 +122,10 @@ def lower_scatter_one(call: Call, x: TensorValue, dim: int, index: TensorValue,
     def inner(idx: Sequence[Expr]) -> Any:
         at = list(idx)
         at[dim] = as_expr(0)
-        hit = ops.eq(ops.index_expr(idx[dim], torch.int64), li(at))
+        # the index as an indirect index: bounds-checked like gather's (eager raises on one out
+        # of [0, size), negative included), where a compare alone would drop the write
+        pos = ops.indirect_indexing(li(at), x.size[dim], wrap=False)
+        hit = ops.eq(ops.index_expr(idx[dim], torch.int64), ops.index_expr(pos, torch.int64))
         return ops.where(hit, lsrc(at), lx(idx))
 
     return pointwise(call, x.size, inner, x.dtype, [x, index, src])

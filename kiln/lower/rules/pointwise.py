@@ -77,8 +77,20 @@ def _make_elementwise(name: str, kind: Any) -> Any:
     return lower
 
 
+def _pow_defined(call: Call, a: Any, b: Any) -> bool:
+    """Eager raises on an integer tensor to a negative integer scalar power ("Integers to
+    negative integer powers are not allowed"): refused, so the ATen op runs and raises."""
+    base = call.meta_args[0]
+    return not (isinstance(base, torch.Tensor) and not base.is_floating_point()
+                and base.dtype != torch.bool and isinstance(b, int) and not isinstance(b, bool)
+                and b < 0)
+
+
+# a row's ATen op whose eager kernel refuses some arguments: the rule's checker
+_CHECKERS: dict[str, Any] = {"pow": _pow_defined}
+
 for _op, (_name, _kind) in ELEMENTWISE.items():
-    register(_op)(_make_elementwise(_name, _kind))
+    register(_op, checker=_CHECKERS.get(_name))(_make_elementwise(_name, _kind))
 
 
 @register(*_ops(aten.add, "Tensor", "Scalar"), *_ops(aten.sub, "Tensor", "Scalar"))

@@ -106,7 +106,13 @@ def lower_amin(call: Call, x: TensorValue, dim: Any = (), keepdim: bool = False)
     return reduce(call, x, dim, keepdim, "min", x.dtype)
 
 
-@register(aten.argmax.default, aten.argmin.default)
+def _not_bool(call: Call, x: Any, *args: Any, **kwargs: Any) -> bool:
+    """argmax / argmin of a bool tensor raise in eager ("does not support bool input"): refused,
+    so the ATen op runs and raises."""
+    return call.meta_args[0].dtype != torch.bool
+
+
+@register(aten.argmax.default, aten.argmin.default, checker=_not_bool)
 def lower_argmax(call: Call, x: TensorValue, dim: int | None = None,
                  keepdim: bool = False) -> BufferValue:
     rtype = "argmax" if call.op._schema.name == "aten::argmax" else "argmin"
