@@ -380,13 +380,10 @@ class _ConvNet(torch.nn.Module):
         return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
 
 
-@pytest.mark.parametrize("train", [False, True], ids=["inference", "training"])
-def test_kiln_compile_conv_net_over_batch_traces_symbolically_once(device, kernel_compiles,
-                                                                   recorder, train):
-    """kiln.compile with automatic dynamic: the first batch compiles static kernels, the second
-    the symbolic ones, every later batch launches those. Training: batch norm's running
-    variance update (`n / (n - 1)` of the batch) went per size before the sizes' floats were
-    lowered; gradients and running statistics equal eager's."""
+def _conv_net_traces_symbolically_once(shapes, device, kernel_compiles, recorder, train):
+    """kiln.compile(_ConvNet) over inputs of `shapes`: the first compiles static kernels, the
+    second the symbolic ones, every later one launches those; outputs (and in training
+    gradients and running statistics) equal eager's."""
     import copy
 
     import kiln
@@ -396,8 +393,8 @@ def test_kiln_compile_conv_net_over_batch_traces_symbolically_once(device, kerne
     twin = copy.deepcopy(model)
     compiled = kiln.compile(twin, backend="kiln")
     counts = []
-    for batch in (2, 3, 5, 7):
-        x = torch.randn(batch, 3, 10, 10, device=device)
+    for shape in shapes:
+        x = torch.randn(shape, device=device)
         with torch.set_grad_enabled(train):
             got, want = compiled(x), model(x)
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
@@ -413,6 +410,17 @@ def test_kiln_compile_conv_net_over_batch_traces_symbolically_once(device, kerne
             torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4)
         for p, q in zip(twin.buffers(), model.buffers()):
             torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["inference", "training"])
+def test_kiln_compile_conv_net_over_batch_traces_symbolically_once(device, kernel_compiles,
+                                                                   recorder, train):
+    """kiln.compile with automatic dynamic: the first batch compiles static kernels, the second
+    the symbolic ones, every later batch launches those. Training: batch norm's running
+    variance update (`n / (n - 1)` of the batch) went per size before the sizes' floats were
+    lowered; gradients and running statistics equal eager's."""
+    shapes = [(batch, 3, 10, 10) for batch in (2, 3, 5, 7)]
+    _conv_net_traces_symbolically_once(shapes, device, kernel_compiles, recorder, train)
 
 
 def _pads_and_roll(x):
@@ -460,32 +468,8 @@ def test_kiln_compile_conv_net_over_image_sizes_traces_symbolically_once(device,
                                                                         recorder, train):
     """Varying image sizes: max-pool over a symbolic H, W (and its backward) no longer sends
     the graph per size; outputs, gradients and running statistics equal eager's."""
-    import copy
-
-    import kiln
-
-    torch.manual_seed(0)
-    model = _ConvNet().to(device).train(train)
-    twin = copy.deepcopy(model)
-    compiled = kiln.compile(twin, backend="kiln")
-    counts = []
-    for side in (8, 11, 14, 9):
-        x = torch.randn(3, 3, side, side + 1, device=device)
-        with torch.set_grad_enabled(train):
-            got, want = compiled(x), model(x)
-            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
-            if train:
-                got.square().sum().backward()
-                want.square().sum().backward()
-        counts.append(len(kernel_compiles))
-    symbolic = [t.symbolic for t in recorder.autograd_traces]
-    assert symbolic == [False, True], recorder.autograd_traces  # no per-size trace
-    assert counts[1] > counts[0] > 0 and counts[-1] == counts[1], counts
-    if train:
-        for p, q in zip(twin.parameters(), model.parameters()):
-            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4)
-        for p, q in zip(twin.buffers(), model.buffers()):
-            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    shapes = [(3, 3, side, side + 1) for side in (8, 11, 14, 9)]
+    _conv_net_traces_symbolically_once(shapes, device, kernel_compiles, recorder, train)
 
 
 def test_a_backward_that_reads_a_size_only_as_an_int_input(device):
