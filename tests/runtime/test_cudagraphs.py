@@ -13,25 +13,27 @@ import logging
 import pytest
 import torch
 
+from cudagraph_checks import (LOGGER, check_a_host_sync_falls_back,
+                              check_held_outputs_stay_correct, check_random_numbers_like_eager,
+                              check_written_inputs_are_copied_back, scale_by)
 from fake_cudagraph import FakeGraphMechanism
 from kiln.runtime.cudagraphs import CudaGraphRunner, use_mechanism
 
 pytestmark = pytest.mark.explicit_device  # the fake mechanism records CPU work only
 
-LOGGER = "kiln.runtime.cudagraphs"
-
-
-def scale_by(args):
-    """A wrapper-like call: fresh output buffers, a view among the outputs."""
-    x, w = args
-    out = torch.empty_strided(tuple(x.shape), x.stride())
-    torch.mul(x, w.detach(), out=out)
-    return (out, torch.as_strided(out, (x.shape[0] - 1,), (1,), 1))
-
-
 def runner(fn=scale_by, **kwargs):
     mechanism = kwargs.pop("mechanism", None) or FakeGraphMechanism()
     return CudaGraphRunner(fn, name="test", mechanism=mechanism, **kwargs), mechanism
+
+
+def _fake_runner(fn, **kwargs):
+    return runner(fn, **kwargs)[0]
+
+
+def _runner_noting(mechanisms, fn, **kwargs):
+    run, mechanism = runner(fn, **kwargs)
+    mechanisms.append(mechanism)
+    return run
 
 
 def test_warmup_calls_run_the_wrapper_then_one_recording_replays():
@@ -62,20 +64,10 @@ def test_inputs_at_new_addresses_are_copied_into_static_buffers_parameters_are_n
 
 
 def test_outputs_the_caller_holds_stay_correct_after_later_replays():
-    run, mechanism = runner()
-    w = torch.nn.Parameter(torch.randn(4))
-    xs = [torch.full((4,), float(i)) for i in range(5)]
-    held = [run([x, w]) for x in xs]  # step 1 warms up; every later step's outputs are alive
-    for x, (out, view) in zip(xs, held):
-        torch.testing.assert_close(out, x * w.detach())
-        torch.testing.assert_close(view, (x * w.detach())[1:])
-    assert run.num_recordings() == 4  # one generation per output still held
-    held.clear()
-    for x in xs:  # nothing held any more: the first generation serves every call
-        out, _ = run([x, w])
-        torch.testing.assert_close(out, x * w.detach())
-        del out, _
-    assert run.num_recordings() == 4 and mechanism.graphs[0].replays == 1 + len(xs)
+    mechanisms = []
+    run = check_held_outputs_stay_correct(lambda fn, **kw: _runner_noting(mechanisms, fn, **kw),
+                                          torch.device("cpu"))
+    assert mechanisms[0].graphs[0].replays == 1 + 5 and run.stats["eager"] == 0
 
 
 def test_a_view_the_caller_keeps_keeps_the_memory_alive():
@@ -135,52 +127,18 @@ def test_each_input_size_is_recorded_once_up_to_the_cap():
 
 
 def test_written_inputs_are_copied_back_like_eager():
-    def add_into(args):
-        x, y = args
-        x.add_(y)
-        return (x * 2,)
-
-    run, _ = runner(add_into, written_inputs=[0])
-    for _ in range(3):
-        x, y = torch.randn(4), torch.randn(4)
-        want_x = x + y
-        out = run([x, y])[0]
-        torch.testing.assert_close(x, want_x)
-        torch.testing.assert_close(out, want_x * 2)
-    assert run.stats["replayed"] == 2
+    check_written_inputs_are_copied_back(_fake_runner, torch.device("cpu"))
 
 
 def test_random_numbers_differ_per_replay_and_follow_manual_seed_like_eager():
-    def noisy(args):
-        (x,) = args
-        return (x + torch.rand_like(x),)
-
-    x = torch.zeros(6)
-    torch.manual_seed(7)
-    eager = [noisy([x])[0] for _ in range(4)]
-    run, _ = runner(noisy)
-    torch.manual_seed(7)
-    graphed = [run([x])[0].clone() for _ in range(4)]
-    assert run.stats["replayed"] == 3
-    for want, got in zip(eager, graphed):
-        torch.testing.assert_close(got, want)
-    assert not torch.equal(graphed[1], graphed[2])
+    check_random_numbers_like_eager(_fake_runner, torch.device("cpu"), 6)
 
 
 def test_a_capture_that_raises_falls_back_with_the_reason(caplog):
-    def syncs(args):
-        (x,) = args
-        return (x * x.sum().item(),)
-
-    run, _ = runner(syncs)
-    with caplog.at_level(logging.WARNING, LOGGER):
-        for _ in range(3):
-            x = torch.randn(4)
-            torch.testing.assert_close(run([x])[0], x * x.sum().item())
-    assert run.blocked is not None and "operation not permitted when stream is capturing" \
-        in run.blocked
+    check_a_host_sync_falls_back(_fake_runner, torch.device("cpu"), caplog)
     messages = [r.getMessage() for r in caplog.records if r.name == LOGGER]
     assert len(messages) == 1 and "runs without CUDA graphs: capturing it raised" in messages[0]
+    assert "operation not permitted when stream is capturing" in messages[0]
 
 
 def test_cpu_tensors_are_a_reason_for_a_cuda_graph(caplog):

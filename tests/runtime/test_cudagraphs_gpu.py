@@ -11,11 +11,13 @@ import logging
 import pytest
 import torch
 
+from cudagraph_checks import (LOGGER, check_a_host_sync_falls_back,
+                              check_held_outputs_stay_correct, check_random_numbers_like_eager,
+                              check_written_inputs_are_copied_back, scale_by)
 from kiln.runtime.cudagraphs import CudaGraphMechanism, CudaGraphRunner
 
 pytestmark = [pytest.mark.gpu, pytest.mark.explicit_device]
 
-LOGGER = "kiln.runtime.cudagraphs"
 CUDA = torch.device("cuda")
 
 
@@ -26,78 +28,24 @@ def real_cudagraphs(monkeypatch):
     monkeypatch.setattr(config, "cudagraphs_on_gpu", True)
 
 
-def scale_by(args):
-    x, w = args
-    out = torch.empty_strided(tuple(x.shape), x.stride(), device=x.device)
-    torch.mul(x, w.detach(), out=out)
-    return (out, torch.as_strided(out, (x.shape[0] - 1,), (1,), 1))
-
-
 def runner(fn=scale_by, **kwargs):
     return CudaGraphRunner(fn, name="test", mechanism=CudaGraphMechanism(), **kwargs)
 
 
 def test_inputs_at_new_addresses_and_held_outputs_stay_correct():
-    run = runner()
-    w = torch.nn.Parameter(torch.randn(4, device=CUDA))
-    xs = [torch.full((4,), float(i), device=CUDA) for i in range(5)]
-    held = [run([x, w]) for x in xs]
-    for x, (out, view) in zip(xs, held):
-        torch.testing.assert_close(out, x * w.detach())
-        torch.testing.assert_close(view, (x * w.detach())[1:])
-    assert run.num_recordings() == 4 and run.stats["replayed"] == 4
-    held.clear()
-    for x in xs:
-        out, _ = run([x, w])
-        torch.testing.assert_close(out, x * w.detach())
-        del out, _
-    assert run.num_recordings() == 4
+    check_held_outputs_stay_correct(runner, CUDA)
 
 
 def test_written_inputs_are_copied_back():
-    def add_into(args):
-        x, y = args
-        x.add_(y)
-        return (x * 2,)
-
-    run = runner(add_into, written_inputs=[0])
-    for _ in range(3):
-        x, y = torch.randn(4, device=CUDA), torch.randn(4, device=CUDA)
-        want = x + y
-        out = run([x, y])[0]
-        torch.testing.assert_close(x, want)
-        torch.testing.assert_close(out, want * 2)
-    assert run.stats["replayed"] == 2
+    check_written_inputs_are_copied_back(runner, CUDA)
 
 
 def test_random_numbers_differ_per_replay_and_follow_manual_seed_like_eager():
-    def noisy(args):
-        (x,) = args
-        return (x + torch.rand_like(x),)
-
-    x = torch.zeros(1024, device=CUDA)
-    torch.manual_seed(7)
-    eager = [noisy([x])[0] for _ in range(4)]
-    run = runner(noisy)
-    torch.manual_seed(7)
-    graphed = [run([x])[0].clone() for _ in range(4)]
-    assert run.stats["replayed"] == 3
-    for want, got in zip(eager, graphed):
-        torch.testing.assert_close(got, want)
-    assert not torch.equal(graphed[1], graphed[2])
+    check_random_numbers_like_eager(runner, CUDA, 1024)
 
 
 def test_a_host_sync_falls_back_with_the_reason(caplog):
-    def syncs(args):
-        (x,) = args
-        return (x * x.sum().item(),)
-
-    run = runner(syncs)
-    with caplog.at_level(logging.WARNING, LOGGER):
-        for _ in range(3):
-            x = torch.randn(4, device=CUDA)
-            torch.testing.assert_close(run([x])[0], x * x.sum().item())
-    assert run.blocked is not None and "capturing it raised" in caplog.text
+    assert "capturing it raised" in check_a_host_sync_falls_back(runner, CUDA, caplog)
 
 
 def test_cpu_inputs_fall_back(caplog):
