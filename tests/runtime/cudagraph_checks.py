@@ -86,3 +86,18 @@ def check_a_host_sync_falls_back(make_runner, device, caplog) -> str:
             torch.testing.assert_close(run([x])[0], x * x.sum().item())
     assert run.blocked is not None
     return caplog.text
+
+
+def record_artifacts(monkeypatch) -> list:
+    """The CompiledArtifacts the kiln backend builds from now on (their `cudagraphs` runners)."""
+    import kiln.runtime.pipeline as pipeline
+
+    built: list = []
+    original = pipeline.compile_graph
+
+    def recording(*args, **kwargs):
+        built.append(original(*args, **kwargs))
+        return built[-1]
+
+    monkeypatch.setattr("kiln.runtime.compile_graph", recording)
+    return built

@@ -15,7 +15,8 @@ import torch
 
 from cudagraph_checks import (LOGGER, check_a_host_sync_falls_back,
                               check_held_outputs_stay_correct, check_random_numbers_like_eager,
-                              check_written_inputs_are_copied_back, scale_by)
+                              check_written_inputs_are_copied_back, record_artifacts,
+                              scale_by)
 from fake_cudagraph import FakeGraphMechanism
 from kiln.runtime.cudagraphs import CudaGraphRunner, use_mechanism
 
@@ -186,17 +187,7 @@ def fake_graphs(generated_kernels):
 
 @pytest.fixture
 def artifacts(monkeypatch):
-    import kiln.runtime.pipeline as pipeline
-
-    built = []
-    original = pipeline.compile_graph
-
-    def recording(*args, **kwargs):
-        built.append(original(*args, **kwargs))
-        return built[-1]
-
-    monkeypatch.setattr("kiln.runtime.compile_graph", recording)
-    return built
+    return record_artifacts(monkeypatch)
 
 
 def test_seed_block_inference_replays_and_equals_eager(fake_graphs, artifacts):

@@ -13,7 +13,8 @@ import torch
 
 from cudagraph_checks import (LOGGER, check_a_host_sync_falls_back,
                               check_held_outputs_stay_correct, check_random_numbers_like_eager,
-                              check_written_inputs_are_copied_back, scale_by)
+                              check_written_inputs_are_copied_back, record_artifacts,
+                              scale_by)
 from kiln.runtime.cudagraphs import CudaGraphMechanism, CudaGraphRunner
 
 pytestmark = [pytest.mark.gpu, pytest.mark.explicit_device]
@@ -65,18 +66,8 @@ from kiln.tools.seed_model import TransformerBlock  # noqa: E402
 
 @pytest.fixture
 def artifacts(monkeypatch, tmp_path):
-    import kiln.runtime.pipeline as pipeline
-
     monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))
-    built = []
-    original = pipeline.compile_graph
-
-    def recording(*args, **kwargs):
-        built.append(original(*args, **kwargs))
-        return built[-1]
-
-    monkeypatch.setattr("kiln.runtime.compile_graph", recording)
-    return built
+    return record_artifacts(monkeypatch)
 
 
 def test_seed_block_inference_equals_eager_and_reports_pool_memory(artifacts, caplog):
