@@ -31,7 +31,8 @@ class CompileOptions:
     autotune_budget_s: seconds of benchmarking per kernel. cudagraphs: record each compiled
     graph's launches (kernels and library calls) as a CUDA graph per set of input sizes and
     replay it (`kiln.runtime.cudagraphs`, docs/cudagraphs.md); graphs that cannot be captured
-    (CPU tensors, host syncs) run as without, with one warning saying why.
+    (CPU tensors, host syncs) run as without, with one warning saying why. Real capture also
+    needs `config.cudagraphs_on_gpu` (`KILN_CUDAGRAPHS=1`) until validated on the GPU.
     cudagraph_warmup: calls per set of input sizes run without a graph before recording (torch's
     default, 1). cudagraph_max_recordings: recordings per compiled graph, over input sizes and
     generations (a new one is made when outputs of earlier replays are still referenced); past
