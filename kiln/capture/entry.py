@@ -51,6 +51,26 @@ def replace_dict(target: dict, contents: dict) -> None:
     target.update(contents)
 
 
+_CALLERS: dict[tuple, Callable[..., Any]] = {}
+
+
+def called_from(filename: str, lineno: int, function: str, fn_globals: dict) -> Callable[..., Any]:
+    """`caller(fn, *args, **kwargs)` calls `fn` from a frame at `filename:lineno`, in a function
+    named `function` over `fn_globals`: a replayed logging call or warning finds the user's line
+    as its caller (logging's `findCaller`, the warnings registry), as it does in eager, not
+    kiln's entry. Made once per call site."""
+    key = (filename, lineno, function, id(fn_globals))
+    caller = _CALLERS.get(key)
+    if caller is None:
+        # the call on line `lineno` of a code object named after the user's file and function
+        source = "\n" * (lineno - 1) + "def _at(__fn, *a, **k): return __fn(*a, **k)\n"
+        outer = compile(source, filename, "exec")
+        code = next(c for c in outer.co_consts if isinstance(c, types.CodeType))
+        code = code.replace(co_name=function, co_qualname=function)
+        caller = _CALLERS[key] = types.FunctionType(code, fn_globals, function)
+    return caller
+
+
 class EntryCode:
     """Lines of an entry function body, plus the graph module and whether it must be called."""
 
@@ -211,10 +231,13 @@ class _Rebuilder:
         value = self.output.pending_globals[(id(fn_globals), name)]
         return [f"{self.consts.ref(fn_globals)}[{name!r}] = {self.expr(value)}"]
 
-    def _replay_log(self, payload: tuple[VT, list[VT], dict[str, VT]]) -> list[str]:
-        callee, args, kwargs = payload  # called natively: lru_cache helpers keep their cache
-        parts = [self.expr(a) for a in args] + [f"{k}={self.expr(v)}" for k, v in kwargs.items()]
-        return [f"{self.expr(callee)}({', '.join(parts)})"]
+    def _replay_log(self, payload: tuple[VT, list[VT], dict[str, VT], Any, dict]) -> list[str]:
+        # called natively (lru_cache helpers keep their cache), from the user's line
+        callee, args, kwargs, where, fn_globals = payload
+        caller = called_from(where.filename, where.lineno, where.function, fn_globals)
+        parts = [self.expr(callee)] + [self.expr(a) for a in args] + \
+            [f"{k}={self.expr(v)}" for k, v in kwargs.items()]
+        return [f"{self.consts.ref(caller)}({', '.join(parts)})"]
 
     def _replay_cell(self, box: Any) -> list[str]:
         target = box.source.expr()

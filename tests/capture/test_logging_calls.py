@@ -347,3 +347,42 @@ def test_gpt2_training_with_labels_is_one_graph():
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     for (name, p), q in zip(model.named_parameters(), twin.parameters()):
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def _logs_and_warns(x):
+    y = x.sin()
+    LOG.warning("rows: %d", y.shape[0])
+    warnings.warn("kiln-test: located warning")
+    return y * 2
+
+
+def test_a_replayed_call_reports_the_users_line_like_eager():
+    """The replay runs after the graph, but the record's caller (pathname, lineno, funcName)
+    and the warning's file and line are the user's call site, as in eager."""
+    seen = []
+
+    class Where(logging.Handler):
+        def emit(self, record):
+            seen.append((record.pathname, record.lineno, record.funcName))
+
+    handler = Where(logging.DEBUG)
+    LOG.addHandler(handler)
+    LOG.setLevel(logging.DEBUG)
+    backend = CountingBackend()
+    compiled = kiln.compile(_logs_and_warns, backend=backend)
+    try:
+        places = []
+        for fn in (_logs_and_warns, compiled, compiled):
+            x = torch.randn(5, 3)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                assert_same_structure_and_values(fn(x), _logs_and_warns(x))
+            located = [(w.filename, w.lineno) for w in caught if "located" in str(w.message)]
+            places.append((seen[-2], located[0]))
+    finally:
+        LOG.removeHandler(handler)
+        LOG.setLevel(logging.NOTSET)
+    assert backend.count == 1  # no graph break at the calls
+    first = _logs_and_warns.__code__.co_firstlineno
+    assert places[0] == ((__file__, first + 2, "_logs_and_warns"), (__file__, first + 3))
+    assert places[1] == places[0] and places[2] == places[0]

@@ -87,7 +87,7 @@ class _Deferred:
                         hint="kiln runs this call natively between graphs")
         args = [_snapshot(tx, a) for a in args]
         kwargs = {k: _snapshot(tx, v) for k, v in kwargs.items()}
-        tx.output.side_effects.append(("log", (self, args, kwargs)))
+        tx.output.side_effects.append(("log", (self, args, kwargs, tx.location(), tx.globals)))
         return ConstantVT(None)
 
 
