@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
 # One GPU-machine round after changes to lower/schedule/codegen/runtime (docs/testing.md):
 # the whole CUDA suite (slow files first, one process per file) with a fuzz campaign beside it,
-# then the dynamic-shape sweep. Logs and JSON under OUT (default gpu_round_out/).
+# then the dynamic-shape sweep and the small-batch latency modes (CUDA graphs). Logs and JSON
+# under OUT (default gpu_round_out/).
 #
-#   bash scripts/gpu_round.sh [suite|fuzz|dynamic ...]     (default: all three)
+#   bash scripts/gpu_round.sh [suite|fuzz|dynamic|latency ...]
 #
-# Env: SUITE_S / FUZZ_S / DYNAMIC_S bound each part in seconds (defaults 380 / 360 / 200),
+# The default is suite, fuzz and dynamic (about 600 s, one device call); `latency` (the
+# reduce-overhead modes, benchmarks/reduce_overhead.py) is a second call.
+#
+# Env: SUITE_S / FUZZ_S / DYNAMIC_S / LATENCY_S bound each part in seconds (defaults 380 / 360 /
+# 200 / 240),
 # FUZZ_SEED (default: the date as a number), PARALLEL (12).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -37,4 +42,9 @@ if [[ " $parts " == *" dynamic "* ]]; then
     timeout "${DYNAMIC_S:-200}" python3 benchmarks/dynamic_sweep.py --json "$out/dynamic.json" \
         > "$out/dynamic.log" 2>&1
     tail -n 20 "$out/dynamic.log"
+fi
+if [[ " $parts " == *" latency "* ]]; then
+    timeout "${LATENCY_S:-240}" python3 benchmarks/reduce_overhead.py --json "$out/latency.json" \
+        > "$out/latency.log" 2>&1
+    tail -n 12 "$out/latency.log"
 fi
