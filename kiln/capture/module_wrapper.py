@@ -14,16 +14,16 @@ its state up by identity (docs/distributed.md).
 """
 from __future__ import annotations
 
+import copy
 import types
 from typing import Any, Callable
-
-import copy
 
 import torch
 
 from kiln.capture import _compat, compile_hook
 from kiln.capture.settings import CompileSettings
-from kiln.capture.variables.nn_module import call_module_with_hooks, module_has_hooks
+from kiln.capture.variables.nn_module import (call_module_with_hooks, module_has_hooks,
+                                             only_own_forward_hooks)
 
 __all__ = ["CompiledModule"]
 
@@ -72,7 +72,7 @@ class CompiledModule(torch.nn.Module):
         module = self._orig_mod
         if not module_has_hooks(module):
             return self.forward(*args, **kwargs)
-        if _only_own_forward_hooks(module):
+        if only_own_forward_hooks(module):
             return call_module_with_hooks(module, self.forward, args, kwargs)
         return _call_with_torch_hooks(module, self.forward, args, kwargs)
 
@@ -147,15 +147,6 @@ class CompiledModule(torch.nn.Module):
     def bfloat16(self) -> CompiledModule:
         self._orig_mod.bfloat16()
         return self
-
-
-def _only_own_forward_hooks(module: torch.nn.Module) -> bool:
-    """No backward hooks and no global hooks: what `call_module_with_hooks` runs is all."""
-    hooks = torch.nn.modules.module  # the global hook tables (not an import statement)
-    return not (getattr(module, "_backward_hooks", None)
-                or getattr(module, "_backward_pre_hooks", None)
-                or hooks._global_forward_hooks or hooks._global_forward_pre_hooks
-                or hooks._global_backward_hooks or hooks._global_backward_pre_hooks)
 
 
 def _call_with_torch_hooks(module: torch.nn.Module, forward: Callable, args: tuple,

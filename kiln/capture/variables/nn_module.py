@@ -24,7 +24,8 @@ from kiln.capture.variables.objects import MISSING, ClassVT, _ObjectBase, lookup
 if TYPE_CHECKING:
     from kiln.capture.translator import Translator
 
-__all__ = ["ModuleVT", "module_has_hooks", "call_module_with_hooks"]
+__all__ = ["ModuleVT", "module_has_hooks", "call_module_with_hooks", "global_hooks_registered",
+           "only_own_forward_hooks"]
 
 _STATE_DICTS = ("_parameters", "_buffers", "_modules")
 _HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
@@ -39,9 +40,20 @@ def module_has_hooks(module: torch.nn.Module) -> bool:
     except AttributeError:  # a module whose __init__ skipped nn.Module's
         if any(getattr(module, name, None) for name in _HOOK_DICTS):
             return True
+    return global_hooks_registered()
+
+
+def global_hooks_registered() -> bool:
+    """Whether any of nn.Module's global hooks (register_module_forward_hook & co.) is set."""
     module_mod = torch.nn.modules.module  # not an import statement
     return bool(module_mod._global_forward_hooks or module_mod._global_forward_pre_hooks
                 or module_mod._global_backward_hooks or module_mod._global_backward_pre_hooks)
+
+
+def only_own_forward_hooks(module: torch.nn.Module) -> bool:
+    """No backward hooks and no global hooks: what `call_module_with_hooks` runs is all."""
+    return not (getattr(module, "_backward_hooks", None)
+                or getattr(module, "_backward_pre_hooks", None) or global_hooks_registered())
 
 
 def call_module_with_hooks(module, forward, args, kwargs):  # inlined by capture: keep it simple
