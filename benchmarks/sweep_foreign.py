@@ -962,6 +962,28 @@ class _Mismatch(Exception):
     pass
 
 
+def _run_both(obj: Any, compiled: Any, eager_args: Any, compiled_args: Any) -> Any:
+    """(eager's result, the compiled result); None when both raise, the compiled call an
+    instance of eager's exception type. Raising where eager does not re-raises; another type,
+    or no error where eager raises, is a _Mismatch."""
+    try:
+        want = _call(obj, eager_args)
+    except Exception as exc:  # eager raises: kiln must raise the same type
+        want = exc
+    try:
+        got = _call(compiled, compiled_args)
+    except Exception as exc:
+        if isinstance(want, Exception):
+            if not isinstance(exc, type(want)):
+                raise _Mismatch(f"raises {type(exc).__name__} where eager raises "
+                                f"{type(want).__name__}") from exc
+            return None
+        raise
+    if isinstance(want, Exception):
+        raise _Mismatch(f"no error where eager raises {type(want).__name__}: {want}")
+    return want, got
+
+
 def _compare(what: str, e: Any, k: Any, ref: Any | None, tol: dict) -> str:
     """'' when kiln's value is eager's, 'fp64' when forgiven against a float64 reference."""
     if isinstance(e, torch.Tensor) != isinstance(k, torch.Tensor):
@@ -1011,21 +1033,11 @@ def _run_infer(case: Case, backend: str, seeds: tuple[int, ...]) -> str:
     for seed in seeds:
         args = _fresh_inputs(case, seed)
         with torch.no_grad():
-            try:
-                want = _call(obj, _clone_inputs(args, False))
-            except Exception as exc:  # eager raises: kiln must raise the same type
-                want = exc
-            try:
-                got = _call(compiled, _clone_inputs(args, False))
-            except Exception as exc:
-                if isinstance(want, Exception):
-                    if not isinstance(exc, type(want)):
-                        raise _Mismatch(f"raises {type(exc).__name__} where eager raises "
-                                        f"{type(want).__name__}") from exc
-                    continue
-                raise
-            if isinstance(want, Exception):
-                raise _Mismatch(f"no error where eager raises {type(want).__name__}: {want}")
+            both = _run_both(obj, compiled, _clone_inputs(args, False),
+                             _clone_inputs(args, False))
+            if both is None:
+                continue
+            want, got = both
             ref = None
             ws, gs = _leaves(want), _leaves(got)
             if len(ws) != len(gs):
@@ -1082,22 +1094,11 @@ def _run_train(case: Case, backend: str, seeds: tuple[int, ...]) -> str:
             obj.zero_grad(set_to_none=True)
             cobj.zero_grad(set_to_none=True)
         ea = _clone_inputs(args, case.grad_inputs)
-        try:
-            want = _call(obj, ea)
-        except Exception as exc:
-            want = exc
         ka = _clone_inputs(args, case.grad_inputs)
-        try:
-            got = _call(compiled, ka)
-        except Exception as exc:
-            if isinstance(want, Exception):
-                if not isinstance(exc, type(want)):
-                    raise _Mismatch(f"raises {type(exc).__name__} where eager raises "
-                                    f"{type(want).__name__}") from exc
-                continue
-            raise
-        if isinstance(want, Exception):
-            raise _Mismatch(f"no error where eager raises {type(want).__name__}: {want}")
+        both = _run_both(obj, compiled, ea, ka)
+        if both is None:
+            continue
+        want, got = both
         ws, gs = _leaves(want), _leaves(got)
         if len(ws) != len(gs):
             raise _Mismatch(f"output count {len(ws)} vs {len(gs)}")
