@@ -121,7 +121,7 @@ def torch_static(model, vocab, seq):
     return static_at(torch.compile(model, dynamic=False), vocab, seq)
 
 
-def sweep(name: str, lens, torch_static_lens, rows: list) -> None:
+def sweep(name: str, lens, torch_static_lens, kiln_static_lens, rows: list) -> None:
     def emit(row):
         row = dict(model=name, **row)
         print(json.dumps(row), flush=True)
@@ -139,16 +139,17 @@ def sweep(name: str, lens, torch_static_lens, rows: list) -> None:
         finally:
             config.symbolic_bound_launch = False
         emit(dict(mode="kiln_dynamic_bound", **counts, first_call_s=first_s))
-        k_static = {s: kiln_static(model, vocab, s) for s in lens}
+        k_static = {s: kiln_static(model, vocab, s) for s in kiln_static_lens}
         t_dyn, t_graphs, t_compile_s = torch_dynamic(model, vocab, lens)
         emit(dict(mode="inductor_dynamic", unique_graphs=t_graphs, compile_s_total=t_compile_s))
         t_static = {s: torch_static(model, vocab, s) for s in torch_static_lens}
     for s in lens:
         emit(dict(seq=s, eager_ms=round(eager[s], 3), kiln_dynamic_ms=round(k_dyn[s], 3),
                   kiln_dynamic_bound_ms=round(k_bound[s], 3),
-                  kiln_static_ms=round(k_static[s], 3),
-                  kiln_dyn_over_static=round(k_dyn[s] / k_static[s], 3),
-                  kiln_bound_over_static=round(k_bound[s] / k_static[s], 3),
+                  kiln_static_ms=round(k_static[s], 3) if s in k_static else None,
+                  kiln_dyn_over_static=round(k_dyn[s] / k_static[s], 3) if s in k_static else None,
+                  kiln_bound_over_static=round(k_bound[s] / k_static[s], 3)
+                  if s in k_static else None,
                   inductor_dynamic_ms=round(t_dyn[s], 3),
                   inductor_static_ms=round(t_static[s], 3) if s in t_static else None,
                   inductor_dyn_over_static=round(t_dyn[s] / t_static[s], 3)
@@ -164,13 +165,17 @@ def main() -> None:
     ap.add_argument("--torch-static", default="128,512",
                     help="lengths at which torch.compile also compiles static (each costs a "
                          "full compile)")
+    ap.add_argument("--kiln-static", default=None,
+                    help="lengths at which kiln also compiles static (default: all of --lens)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     lens = [int(s) for s in args.lens.split(",")]
     torch_static_lens = [int(s) for s in args.torch_static.split(",") if s]
+    kiln_static_lens = lens if args.kiln_static is None else [
+        int(s) for s in args.kiln_static.split(",") if s]
     rows: list = []
     for name in args.models.split(","):
-        sweep(name, lens, torch_static_lens, rows)
+        sweep(name, lens, torch_static_lens, kiln_static_lens, rows)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

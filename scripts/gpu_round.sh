@@ -11,7 +11,8 @@
 #
 # Env: SUITE_S / FUZZ_S / DYNAMIC_S / LATENCY_S bound each part in seconds (defaults 380 / 360 /
 # 200 / 240),
-# FUZZ_SEED (default: the date as a number), PARALLEL (12).
+# FUZZ_SEED (default: the date as a number), PARALLEL (12), DYNAMIC_ARGS (extra arguments of
+# benchmarks/dynamic_sweep.py, e.g. "--models gpt2": both models take longer than one call).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-gpu_round_out}"
@@ -39,7 +40,7 @@ fi
 wait
 [[ -f "$out/fuzz.log" ]] && tail -n 6 "$out/fuzz.log"
 if [[ " $parts " == *" dynamic "* ]]; then
-    timeout "${DYNAMIC_S:-200}" python3 benchmarks/dynamic_sweep.py --json "$out/dynamic.json" \
+    timeout "${DYNAMIC_S:-200}" python3 benchmarks/dynamic_sweep.py ${DYNAMIC_ARGS:-} --json "$out/dynamic.json" \
         > "$out/dynamic.log" 2>&1
     tail -n 20 "$out/dynamic.log"
 fi
