@@ -35,18 +35,21 @@ class OutputRule:
 
     kind: "tensor" (the compiled graph's next output), "input" (input `index` itself),
     "input_view" (a view of input `index`: `view` is its (shape, stride, storage offset)),
-    "duplicate" (the same object as output `index`), "constant" (the Python value `value`)."""
+    "duplicate" (the same object as output `index`), "constant" (the Python value `value`).
+    `dtype`: an input view of another dtype than its input's (`view_as_complex`, `view(dtype)`),
+    its geometry counted in elements of that dtype; None: the input's dtype."""
 
     kind: str
     index: int | None = None
     view: tuple[tuple[int, ...], tuple[int, ...], int] | None = None
     value: Any = None
+    dtype: torch.dtype | None = None
 
     @classmethod
     def of(cls, info: OutputInfo) -> OutputRule:
         view = info.view
         geometry = None if view is None else (view.shape, view.stride, view.storage_offset)
-        return cls(info.kind, info.index, geometry, info.value)
+        return cls(info.kind, info.index, geometry, info.value, info.view_dtype)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,7 +139,23 @@ def _output_value(rule: OutputRule, args: Sequence[Any], outs: tuple, position: 
         return args[rule.index]
     if rule.kind == "input_view":
         shape, stride, offset = rule.view
-        return args[rule.index].as_strided(shape, stride, offset)
+        base = args[rule.index]
+        if rule.dtype is not None and rule.dtype != base.dtype:
+            base = _storage_as(base, rule.dtype)
+        return base.as_strided(shape, stride, offset)
     if rule.kind == "duplicate":
         return flat[rule.index]
     return rule.value
+
+
+def _storage_as(base: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The whole storage of `base` as a 1-D tensor of `dtype`, still a view of `base` (autograd
+    follows it: view_as_real / view_as_complex where the element size changes between a real
+    and its complex type)."""
+    flat = base.as_strided((base.untyped_storage().nbytes() // base.element_size(),), (1,), 0)
+    if flat.is_complex() and not dtype.is_complex:
+        flat = torch.view_as_real(flat).flatten()
+    elif dtype.is_complex and not flat.is_complex() and \
+            flat.dtype == torch.empty((), dtype=dtype).real.dtype:
+        return torch.view_as_complex(flat.view(-1, 2))
+    return flat if flat.dtype == dtype else flat.view(dtype)

@@ -64,6 +64,7 @@ class OutputInfo:
     tangent: int | None = None
     value: Any = None
     backward_error: str | None = None
+    view_dtype: torch.dtype | None = None  # an input view of another dtype (view_as_complex)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -292,7 +292,9 @@ def _classify_outputs(flat: list, stand_ins: StandIns) -> list[OutputInfo]:
             infos.append(OutputInfo("input", rg, index=primal))
         elif _compat.storage_key(out) in by_storage:
             i = by_storage[_compat.storage_key(out)]
-            infos.append(OutputInfo("input_view", rg, index=i, view=_input_view(stand_ins, i, out)))
+            retyped = out.dtype if out.dtype != stand_ins.tensors[i].dtype else None
+            infos.append(OutputInfo("input_view", rg, index=i, view=_input_view(stand_ins, i, out),
+                                    view_dtype=retyped))
         else:
             infos.append(OutputInfo("tensor", rg))
     return infos

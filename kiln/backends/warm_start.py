@@ -26,6 +26,7 @@ from typing import Any, Callable
 import torch
 
 from kiln.autograd import CompiledGraph
+from kiln.capture._compat import printed_name_resolves
 from kiln.autograd.epilogue import OUTPUT_KINDS, Epilogue, OutputRule
 from kiln.config import config
 from kiln.runtime.artifact_json import (NotCacheable, artifact_from_json, artifact_json,
@@ -66,6 +67,8 @@ def _check_graph(gm: torch.fx.GraphModule, example_inputs: list) -> None:
             module = getattr(node.target, "__module__", None) or ""
             if not module.startswith(_SAFE_MODULES):
                 raise NotCacheable(f"the graph calls {node.target!r} from {module!r}")
+            if not printed_name_resolves(node.target):  # the key is the code: names must be exact
+                raise NotCacheable(f"the graph's code does not name {node.target!r} exactly")
 
 
 @functools.lru_cache(maxsize=None)
@@ -108,6 +111,8 @@ def _payload(compiled: Any) -> dict:
 def _output_json(rule: OutputRule) -> dict:
     out = {"kind": rule.kind, "index": rule.index}
     if rule.kind == "input_view":
+        if rule.dtype is not None:
+            raise NotCacheable("an output views an input as another dtype")
         shape, stride, offset = rule.view
         out["view"] = [list(shape), list(stride), offset]
     if rule.kind == "constant":

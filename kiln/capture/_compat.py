@@ -1,6 +1,7 @@
 """The capture stage's only door to private torch APIs (tested on torch 2.11 and 2.13)."""
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
@@ -13,7 +14,7 @@ __all__ = ["FakeTensor", "FakeTensorMode", "autocast_state", "new_fake_mode", "i
            "concrete", "hint", "shape_env_facts", "SymbolPrinter", "SYM_SIZE", "SYM_STRIDE",
            "SYM_NUMEL", "SYM_STORAGE_OFFSET", "active_ddp_module", "ddp_bucket_caps",
            "ddp_ignored", "share_composable_state", "UnbackedGuardError", "bind_unbacked", "unbacked_symbols",
-           "needs_scalar_outputs"]
+           "needs_scalar_outputs", "printed_name_resolves"]
 
 try:  # where torch raises when a fake tensor's value would be needed
     from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
@@ -46,6 +47,29 @@ def new_fake_mode(*, allow_non_fake_inputs: bool) -> FakeTensorMode:
 
 def is_fake(value: Any) -> bool:
     return isinstance(value, FakeTensor)
+
+
+def printed_name_resolves(fn: Any) -> bool:
+    """Whether torch.fx prints `fn` as a graph target by a dotted name that leads back to `fn`
+    itself. Not for lambdas and closures defined in torch's own Python files (FX names a lambda
+    after the text left of its `=`, e.g. `torch.testing._internal....op`): as graph nodes their
+    code would not run, and two of them would print alike, so a cache keyed on the code would
+    hand one's compiled graph to the other."""
+    from torch.fx.node import _get_qualified_name
+    try:
+        name = _get_qualified_name(fn)
+    except Exception:
+        return False
+    module_name, _, attr_path = name.partition(".")
+    target: Any = sys.modules.get(module_name)
+    for part in attr_path.split(".") if attr_path else ():
+        if target is None:
+            return False
+        if not hasattr(target, part):  # a submodule not imported as an attribute yet
+            target = sys.modules.get(f"{getattr(target, '__name__', '')}.{part}")
+        else:
+            target = getattr(target, part)
+    return target is fn
 
 
 # Graph nodes that switch ambient state inside a captured region (the same functions Dynamo emits).

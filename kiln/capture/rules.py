@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from kiln._util import is_hashable
+from kiln.capture._compat import printed_name_resolves
 
 __all__ = ["classify", "why_unsupported", "is_library_module", "is_distributed_call", "allow_in_graph", "disable",
            "ALLOWED_IN_GRAPH", "DISABLED"]
@@ -25,8 +26,9 @@ __all__ = ["classify", "why_unsupported", "is_library_module", "is_distributed_c
 ALLOWED_IN_GRAPH: set[int] = set()
 DISABLED: set[int] = set()
 
-# torch Python functions that must be interpreted, not recorded as one node.
-_INLINE_TORCH_PREFIXES = ("torch.nn.modules.", "torch.utils._contextlib")
+# torch Python functions that must be interpreted, not recorded as one node. torch.testing's
+# helpers check values (assert_close returns None: as a node it would be dropped, unchecked).
+_INLINE_TORCH_PREFIXES = ("torch.nn.modules.", "torch.utils._contextlib", "torch.testing")
 # torch functions with side effects on global state, or that need real values.
 # They are Python functions in torch, so this table is read before torch functions become graph
 # nodes: as nodes they would be dropped (their results are unused) or run at the wrong time.
@@ -89,8 +91,9 @@ def classify(value: Any) -> str:
     if _unsupported_torch(value) is not None or is_distributed_call(value, module):
         return "unsupported"
     if isinstance(value, types.FunctionType):
-        if module.startswith("torch") and not module.startswith(_INLINE_TORCH_PREFIXES):
-            return "graph"
+        if module.startswith("torch") and not module.startswith(_INLINE_TORCH_PREFIXES) \
+                and printed_name_resolves(value):
+            return "graph"  # a lambda or closure in torch's files is read like user code
         if _is_stdlib(module):
             return "unsupported"  # logging, I/O, ...: run natively at a graph break
         return "inline"

@@ -410,7 +410,8 @@ def _fits(old: Buffer, new: Buffer) -> bool:
 
 def _returns_single(node: ExternKernel) -> bool:
     returns = node.op._schema.returns
-    return len(returns) == 1 and not str(returns[0].type).endswith("[]")
+    text = str(returns[0].type) if len(returns) == 1 else ""
+    return len(returns) == 1 and not (text.endswith("[]") or text.startswith("List["))  # Tensor[]
 
 
 def _origins(origins: Sequence[Any]) -> str:

@@ -64,3 +64,39 @@ def test_a_compiled_graph_hands_out_its_inference_epilogue_only_when_self_contai
         return x * y
 
     assert aot_compile(torch.fx.symbolic_trace(writes), [x, y]).compiled_inference() is None
+
+
+def _dtype_views(x, z):
+    return (torch.view_as_complex(x), torch.view_as_real(z), x.view(torch.int32),
+            torch.view_as_complex(x[1:]), torch.view_as_real(z)[:, 1], z.view(torch.float64))
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "kiln"])
+def test_outputs_viewing_an_input_as_another_dtype_keep_dtype_and_alias(backend, generated_kernels):
+    """view_as_complex of an input came back as a float32 tensor of the complex shape (the
+    epilogue regenerated the view in the input's dtype)."""
+    import kiln
+    compiled = kiln.compile(_dtype_views, backend=backend)
+    for rows in (5, 7):
+        x = torch.randn(rows, 2)
+        z = torch.randn(rows, 3, dtype=torch.complex64)
+        got, want = compiled(x, z), _dtype_views(x, z)
+        for g, w in zip(got, want):
+            assert (g.dtype, g.shape, g.stride()) == (w.dtype, w.shape, w.stride())
+            assert g.data_ptr() == w.data_ptr() and torch.equal(g, w)
+        got[0].mul_(2)  # an alias, as in eager: the input sees the write
+        assert torch.equal(torch.view_as_real(got[0]), x)
+
+
+def test_gradients_flow_through_an_output_viewing_an_input_as_complex():
+    import kiln
+    fn = lambda x: torch.view_as_complex(x)  # noqa: E731
+    x = torch.randn(6, 2, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_(True)
+    out = kiln.compile(fn, backend="aot_eager")(x)
+    want = fn(x2)
+    assert out.dtype == torch.complex64 and torch.equal(out.detach(), want.detach())
+    weights = torch.randn(6, dtype=torch.complex64)
+    (out * weights).real.sum().backward()
+    (want * weights).real.sum().backward()
+    torch.testing.assert_close(x.grad, x2.grad)

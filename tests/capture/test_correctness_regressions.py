@@ -438,3 +438,40 @@ def test_threads_compiling_new_shapes_at_once():
     for t in threads:
         t.join()
     assert errors == []
+
+
+# -- lambdas defined in torch's own files (torch's OpInfo table: `op=lambda x: x.byte()`) ------
+def _torch_file_lambda(body: str):
+    """A lambda whose module is a torch one, as the lambdas of torch.testing's operator table:
+    FX would print it as `torch.<module>.op`, a name that does not lead back to it."""
+    namespace = {"__name__": "torch.testing._internal.kiln_fake_opinfo", "torch": torch}
+    exec(f"op = lambda x: {body}", namespace)
+    return namespace["op"]
+
+
+@pytest.mark.parametrize("backend", ["eager", "kiln"])
+def test_lambdas_from_torch_files_are_read_not_recorded_by_a_name(backend, generated_kernels):
+    """Two such lambdas once became graph nodes printed alike: the eager backend's graph raised
+    AttributeError, and the kiln backend's disk cache (keyed on the graph's code) handed the
+    first lambda's compiled graph to the second, a silent wrong dtype and value."""
+    for body in ("x.byte()", "torch.zero_(x.clone())", "x.double() * 2", "x.sin()"):
+        fn = _torch_file_lambda(body)
+        wrapper = eval("lambda a, op=fn: op(a)", {"fn": fn})
+        x = torch.randn(3, 4) * 5
+        kiln.reset()  # the in-memory caches gone: only the disk cache could mix them up
+        got = kiln.compile(wrapper, backend=backend)(x.clone())
+        want = fn(x.clone())
+        assert got.dtype == want.dtype and torch.equal(got, want), body
+
+
+def test_torch_testing_assert_close_still_checks_inside_a_compiled_function():
+    """torch.testing.assert_close returns None: recorded as a graph node it was dropped."""
+    @kiln.compile(backend="eager")
+    def f(x, y):
+        torch.testing.assert_close(x, y)
+        return x + y
+
+    x = torch.randn(4)
+    assert torch.equal(f(x, x.clone()), x + x)
+    with pytest.raises(AssertionError):
+        f(x, x + 1)

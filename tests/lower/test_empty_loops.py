@@ -205,3 +205,34 @@ def test_cat_of_mixed_dtypes_promotes_every_piece(generated_kernels, device):
                                    torch.randn(3, device=device),
                                    torch.randn(2, device=device).to(torch.bfloat16),
                                    torch.rand(2, device=device) > 0.5])
+
+
+# -- torch's OpInfo samples (benchmarks/sweep_opinfo.py) ------------------------------------------
+
+def test_a_reshape_of_a_zero_element_tensor(generated_kernels, device):
+    """OpInfo's pixel_shuffle sample [1, 1, 1, 0]: the view's index divided by a 0 extent
+    ('index modulo by 0', an eager fallback with a warning)."""
+    def fn(x, y):
+        return F.pixel_shuffle(x, 1) + 1, y.reshape(2, 2, 0) * 2, x.reshape(0, 3, 5)
+
+    _assert_same_call(fn, lambda: [torch.randn(1, 1, 1, 0, device=device),
+                                   torch.randn(1, 1, 4, 0, device=device)])
+
+
+def test_gather_and_index_select_of_a_0dim_tensor(generated_kernels, device):
+    def fn(x, i, j):
+        return torch.gather(x, 0, i) * 2, torch.index_select(x, 0, j) + 1
+
+    _assert_same_call(fn, lambda: [torch.randn((), device=device),
+                                   torch.zeros((), dtype=torch.long, device=device),
+                                   torch.zeros(1, dtype=torch.long, device=device)])
+
+
+def test_a_library_call_returning_a_list_of_tensors(generated_kernels, device):
+    """histogramdd's bin edges come from `_histogramdd_bin_edges` (`-> Tensor[]`): the wrapper
+    bound the whole list to its first output."""
+    def fn(x):
+        hist, edges = torch.histogramdd(x.cpu(), (2, 3), density=False)
+        return hist * 2, [e + 1 for e in edges]
+
+    _assert_same_call(fn, lambda: [torch.randn(6, 2, device=device)])

@@ -41,7 +41,12 @@ def lower_embedding(call: Call, weight: TensorValue, indices: TensorValue, paddi
     return pointwise(call, call.out.shape, inner, weight.dtype, [weight, indices])
 
 
-@register(aten.gather.default)
+def _source_has_dims(call: Call, x: Any, *args: Any, **kwargs: Any) -> bool:
+    """A 0-dim source has no dim to index: the op stays a library call (rare)."""
+    return len(call.meta_args[0].shape) > 0
+
+
+@register(aten.gather.default, checker=_source_has_dims)
 def lower_gather(call: Call, x: TensorValue, dim: int, index: TensorValue, *,
                  sparse_grad: bool = False) -> TensorValue:
     dim = norm_dim(dim, len(x.size))
@@ -56,7 +61,7 @@ def lower_gather(call: Call, x: TensorValue, dim: int, index: TensorValue, *,
     return pointwise(call, call.out.shape, inner, x.dtype, [x, index])
 
 
-@register(aten.index_select.default)
+@register(aten.index_select.default, checker=_source_has_dims)
 def lower_index_select(call: Call, x: TensorValue, dim: int, index: TensorValue) -> TensorValue:
     dim = norm_dim(dim, len(x.size))
     pos = _indirect(index, x.size[dim], wrap=False)

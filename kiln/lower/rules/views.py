@@ -39,6 +39,8 @@ def reshape_view(x: TensorValue, size: Sequence[int]) -> tuple[tuple[int, ...], 
     old = x.size
     if size == old:
         return size, lambda index: list(index)
+    if any(isinstance(s, int) and s == 0 for s in old):  # no element: nothing is ever read
+        return size, lambda index: [as_expr(0)] * len(old)
     new_strides = contiguous_strides(size)
     old_strides = contiguous_strides(old)
 
