@@ -31,8 +31,8 @@ class CompileOptions:
     autotune: benchmark each kernel's candidate configs and keep the fastest.
     autotune_budget_s: seconds of benchmarking per kernel. gemm_autotune_budget_s: seconds per
     graph for choosing between each matmul's library call (+ its separate epilogue kernel) and
-    Triton GEMM templates with the epilogue fused (`kiln.runtime.gemm_tuning`; compiling the
-    templates counts). cudagraphs: record each compiled
+    Triton GEMM templates with the epilogue fused (`kiln.runtime.gemm_tuning`; seconds of
+    timing over all of a graph's matmuls, compiling the candidates not counted). cudagraphs: record each compiled
     graph's launches (kernels and library calls) as a CUDA graph per set of input sizes and
     replay it (`kiln.runtime.cudagraphs`, docs/cudagraphs.md); graphs that cannot be captured
     (CPU tensors, host syncs) run as without, with one warning saying why. Real capture also

@@ -57,6 +57,7 @@ _CONFIGS_16BIT = ((128, 128, 64, 4, 3), (128, 256, 64, 8, 3), (128, 128, 64, 8, 
 _CONFIGS_FP32 = ((128, 128, 32, 8, 3), (128, 64, 32, 4, 4), (64, 128, 32, 4, 4),
                  (64, 64, 32, 4, 3))
 MIN_BLOCK = 16  # tl.dot's smallest tile side
+MAX_GRID_Y = 65535  # CUDA's limit on the grid's second dimension (one row per batch)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,12 +161,18 @@ def _dot_line(dtype: torch.dtype) -> str:
     return f'acc = tl.dot(a, b, acc, input_precision="{precision}")'
 
 
-def _hinted(name: str, index: str, block: str, contiguous: bool) -> list[str]:
-    """`name = index % size`; wrapping keeps the loads unmasked (rows past M read row
-    `m - M`, whose results are never stored), and the hint keeps them vectorized."""
-    if contiguous:
-        return [f"{name} = tl.max_contiguous(tl.multiple_of({index}, {block}), {block})"]
-    return [f"{name} = {index}"]
+def _wrapped(name: str, offs: str, size: int, block: str, exact: bool,
+             unit_stride: bool) -> str:
+    """The operand rows (columns) a tile reads. A partial last tile wraps (`% size`: rows past
+    M read row `m - M`, whose results are never stored), which keeps the loads unmasked; a
+    tiling that divides the size needs no wrap, and there a unit-stride dim gets Triton's
+    contiguity hint (never on a wrapped index: the hint would vectorize across the wrap and
+    read past the operand)."""
+    if not exact:
+        return f"{name} = {offs} % {size}"
+    if unit_stride:
+        return f"{name} = tl.max_contiguous(tl.multiple_of({offs}, {block}), {block})"
+    return f"{name} = {offs}"
 
 
 def _main_loop(gemm: GemmOperands, ptrs: Mapping[str, str], config: GemmConfig,
@@ -187,8 +194,10 @@ def _main_loop(gemm: GemmOperands, ptrs: Mapping[str, str], config: GemmConfig,
         f"offs_m = pid_m{to64} * BLOCK_M + tl.arange(0, BLOCK_M)",
         f"offs_n = pid_n{to64} * BLOCK_N + tl.arange(0, BLOCK_N)",
     ]
-    lines += _hinted("am", f"offs_m % {gemm.m}", "BLOCK_M", a.stride[-2] == 1)
-    lines += _hinted("bn", f"offs_n % {gemm.n}", "BLOCK_N", b.stride[-1] == 1)
+    lines.append(_wrapped("am", "offs_m", gemm.m, "BLOCK_M", gemm.m % config.BLOCK_M == 0,
+                          a.stride[-2] == 1))
+    lines.append(_wrapped("bn", "offs_n", gemm.n, "BLOCK_N", gemm.n % config.BLOCK_N == 0,
+                          b.stride[-1] == 1))
     lines.append("rk = tl.arange(0, BLOCK_K)" + to64)
     lead = ["bid"] if batch else []
     a_index = _index_text(a, lead + ["am[:, None]", "rk[None, :]"])
@@ -314,6 +323,9 @@ def emit_gemm(group: GemmGroup, graph: IRGraph | None, config: GemmConfig) -> Ke
     gemm = group.gemm
     if gemm is None or not isinstance(group.nodes[0], GemmNode):
         raise CodegenError(f"{group.name}: not a GemmGroup (no GemmNode first)")
+    if gemm.batch > MAX_GRID_Y:
+        raise CodegenError(f"{group.name}: batch {gemm.batch} exceeds the grid's second "
+                           f"dimension ({MAX_GRID_Y}); hint: the library call handles it")
     out_dtype = group.nodes[0].dtype
     dtypes = {name: buf.dtype for name, buf in (graph.buffers if graph else {}).items()}
     dtypes.update({n.name: n.dtype for n in group.nodes})

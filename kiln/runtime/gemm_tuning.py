@@ -15,9 +15,10 @@ under `options.autotune` only (the default mode never calls it):
    dtypes and the epilogue are specialized into it), the library call's operands and
    `versions()` (device name, toolchain, Triton): a hit takes the recorded choice without
    compiling the losers or benchmarking.
-4. Otherwise the candidates compile, the library call + epilogue kernel is timed first, then
-   each template in turn, until the graph's budget (`options.gemm_autotune_budget_s`, compile
-   time included) is spent: a matmul reached after that keeps the library call, one cut short
+4. Otherwise the candidates compile (in parallel; ≤ 6 templates and the epilogue kernel), the
+   library call + epilogue kernel is timed first, then each template in turn, until the graph's
+   budget (`options.gemm_autotune_budget_s`: seconds of timing over all its matmuls; compiling
+   does not count) is spent: a matmul reached after that keeps the library call, one cut short
    keeps the best it measured. A template that fails to compile or run is skipped.
 
 Progress: one updating stderr line when stderr is a terminal; else an INFO line per matmul
@@ -87,7 +88,7 @@ def choose_gemm_templates(schedule: Any, specs: dict[str, Any], budget_s: float 
         log.info("gemm templates: no GPU to time on (Triton interpreter or no CUDA); %d "
                  "matmul(s) keep the library call", len(cands))
         return schedule, specs
-    tuner = _Tuner(schedule, specs, timer, time.perf_counter() + budget_s, budget_s)
+    tuner = _Tuner(schedule, specs, timer, budget_s)
     won = [(cand, spec) for cand in cands
            if (spec := tuner.choose(cand, len(cands))) is not None]
     tuner.progress.done()
@@ -120,9 +121,10 @@ class _Tuner:
     """The choices of one graph: its specs, timer, deadline and progress line."""
 
     def __init__(self, schedule: Any, specs: dict[str, Any], timer: Timer | None,
-                 deadline: float, budget_s: float) -> None:
+                 budget_s: float) -> None:
         self.schedule, self.graph, self.specs = schedule, schedule.graph, specs
-        self.timer, self.deadline, self.budget_s = timer, deadline, budget_s
+        self.timer, self.budget_s = timer, budget_s
+        self.spent = 0.0  # seconds spent timing candidates (compiling them does not count)
         self.cache = DiskCache("gemm")
         self.progress = _Progress()
         self.done = 0
@@ -142,7 +144,7 @@ class _Tuner:
         key = cache_key("gemm", prints, versions())
         choice = _cached_choice(self.cache.get(key), prints)
         if choice is None:
-            if time.perf_counter() > self.deadline:
+            if self.spent > self.budget_s:
                 log.info("gemm %s: budget of %.1f s spent; keeps the library call", label,
                          self.budget_s)
                 return None
@@ -192,10 +194,12 @@ class _Tuner:
         labels = [LIBRARY] + [c.short() for c, _ in templates]
         timings = [math.inf] * len(runs)
         for i, run in enumerate(runs):
-            if i > 0 and time.perf_counter() > self.deadline:
+            if i > 0 and self.spent > self.budget_s:
                 return timings, False
             if run is not None:
+                start = time.perf_counter()
                 timings[i] = _time_one(self.timer, labels[i], run)
+                self.spent += time.perf_counter() - start
             self.progress.update(title, i + 1, len(runs), timings)
         return timings, True
 

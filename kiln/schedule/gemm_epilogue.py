@@ -259,7 +259,7 @@ def epilogue_signature(group: GemmGroup) -> list[Any]:
     ops_: list[str] = []
     for node in group.epilogue_nodes:
         for origin in node.origins:
-            op = origin.op.split("/")[-1].removeprefix("aten.")
+            op = origin.op.split("/")[-1].removeprefix("aten.").split(".")[0]
             if op not in ops_:
                 ops_.append(op)
     return ops_

@@ -109,6 +109,9 @@ def test_sizes_that_are_not_block_multiples(sizes):
     masked = m % spec.meta_dict["BLOCK_M"] or n % spec.meta_dict["BLOCK_N"]
     assert ("xmask" in spec.source) == bool(masked)
     assert ("rk[None, :] <" in spec.source) == bool(k % spec.meta_dict["BLOCK_K"])
+    # a partial last tile wraps its operand rows; exact tilings read them unwrapped
+    assert (f"am = offs_m % {m}" in spec.source) == bool(m % spec.meta_dict["BLOCK_M"])
+    assert (f"bn = offs_n % {n}" in spec.source) == bool(n % spec.meta_dict["BLOCK_N"])
     _check(gelu_erf, args, artifact)
 
 
@@ -341,3 +344,20 @@ def test_gemm_budget_option_is_validated():
     for bad in (0, -1.0, "5"):
         with pytest.raises(InvalidArgument, match="gemm_autotune_budget_s"):
             resolve_options(TUNED, {"gemm_autotune_budget_s": bad})
+
+
+def test_stored_artifact_and_kernel_records_keep_the_template():
+    """The warm-start cache stores a compiled graph as data (`artifact_json`): the template
+    comes back as a kernel with a fixed grid; kernels.json counts its flops."""
+    from kiln.runtime.artifact_json import artifact_from_json, artifact_json, check_artifact_json
+    from kiln.runtime.debug import kernel_records
+
+    args = _linear_args(torch.float32)
+    artifact = _compile(gelu_residual_cast, args)
+    (record,) = [r for r in kernel_records(artifact) if r["kind"] == "gemm_template"]
+    assert record["flops"] == 2 * 18 * 24 * 20 and record["user_locations"] == []
+    data = artifact_json(artifact)
+    check_artifact_json(data)
+    again = artifact_from_json(data)
+    assert [s.kind for s in again.specs] == ["gemm_template"]
+    torch.testing.assert_close(again(*args), artifact(*args), atol=0, rtol=0)
