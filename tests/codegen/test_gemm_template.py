@@ -361,3 +361,42 @@ def test_stored_artifact_and_kernel_records_keep_the_template():
     again = artifact_from_json(data)
     assert [s.kind for s in again.specs] == ["gemm_template"]
     torch.testing.assert_close(again(*args), artifact(*args), atol=0, rtol=0)
+
+
+class _Terminal:
+    def __init__(self):
+        self.text = ""
+
+    def isatty(self):
+        return True
+
+    def write(self, text):
+        self.text += text
+
+    def flush(self):
+        pass
+
+
+def test_progress_is_one_updating_line_on_a_terminal(monkeypatch, tmp_path):
+    terminal = _Terminal()
+    monkeypatch.setattr(gemm_tuning.sys, "stderr", terminal)
+    args = _linear_args(torch.float32)
+    with gemm_timer(FakeTimer(2.0, [1.0] * 6)):
+        _compile(gelu_erf, args)
+    lines = terminal.text.split("\n")
+    assert lines[-1] == "" and len(lines) == 2  # one line, ended once
+    updates = lines[0].split("\r")[1:]
+    assert len(updates) >= 2 and all(u.startswith("\033[K[kiln gemm] 1/1 addmm 18x24x20 -> ")
+                                     for u in updates)
+    assert "library 2000.0 us, best template 1000.0 us" in updates[-1]
+
+
+def test_without_a_terminal_one_info_line_per_gemm(monkeypatch, caplog):
+    monkeypatch.setattr(gemm_tuning.sys, "stderr", __import__("io").StringIO())
+    args = (torch.randn(40, 20), torch.randn(20, 72), torch.randn(72, 24))
+    with gemm_timer(FakeTimer(2.0, [1.0] * 12)), caplog.at_level("INFO", logger="kiln.runtime"):
+        _compile(_two_gemms, args)
+    chose = [r.getMessage() for r in caplog.records if " chose " in r.getMessage()]
+    assert len(chose) == 2 and "mm 40x72x20 -> gelu" in chose[0] and "library: 2000.0 us" in \
+        chose[0]
+    assert gemm_tuning.sys.stderr.getvalue() == ""
