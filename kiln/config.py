@@ -138,8 +138,9 @@ _FIELDS: dict[str, _Field] = {
                              "(kiln.runtime.gemm_tuning): 'auto' benchmarks them against the "
                              "library call + separate epilogue kernel on a GPU and keeps the "
                              "library call elsewhere; 'always' uses a template wherever legal "
-                             "(the fastest when it can time, else the first config; for tests "
-                             "on the interpreter); 'never' keeps every library call",
+                             "(the fastest when it can time and a template won, else the first "
+                             "config; for tests on the interpreter); 'never' keeps every "
+                             "library call",
                              choices=("auto", "always", "never")),
     "channels_last": _Field(False, bool, "KILN_CHANNELS_LAST",
                             "compute CUDA graphs with two or more convolutions, none grouped, in "

@@ -130,7 +130,8 @@ class _Tuner:
         self.done = 0
 
     def choose(self, cand: GemmCandidate, total: int) -> Any:
-        """The winning template's spec, or None for the library call."""
+        """The winning template's spec, or None for the library call (with
+        `gemm_templates = "always"`, the first template where the library call won)."""
         self.done += 1
         group = cand.group
         label = _label(group)
@@ -160,6 +161,10 @@ class _Tuner:
         else:
             log.info("gemm %s: cached choice %s", label,
                      LIBRARY if choice == 0 else templates[choice - 1][0].short())
+        if choice == 0 and config.gemm_templates == "always":
+            log.info("gemm %s: template %s (forced; the library call was faster)", label,
+                     templates[0][0].short())
+            return templates[0][1]
         return None if choice == 0 else templates[choice - 1][1]
 
     def _templates(self, cand: GemmCandidate) -> list[tuple[GemmConfig, Any]]:

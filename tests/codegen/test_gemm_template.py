@@ -294,11 +294,18 @@ def test_the_fastest_wins_and_the_choice_is_cached(tmp_path, monkeypatch):
 
 def test_the_library_call_wins_when_faster(tmp_path, monkeypatch):
     monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "fresh"))
+    config.gemm_templates = "auto"
     args = _linear_args(torch.float32)
     with gemm_timer(FakeTimer(0.5, [1.0] * 6)):
         artifact = _compile(gelu_erf, args)
     assert not _templates(artifact) and "aten.addmm.default" in artifact.wrapper_source
     _check(gelu_erf, args, artifact)
+    config.gemm_templates = "always"  # forced: a template even though the library won
+    kiln.reset()
+    again = FakeTimer(0.5, [1.0] * 6)
+    with gemm_timer(again):
+        artifact = _compile(gelu_erf, args)
+    assert again.timed == [] and len(_templates(artifact)) == 1
 
 
 class _Clock:
@@ -327,16 +334,24 @@ def test_budget_stops_benchmarking_and_later_gemms_keep_the_library(monkeypatch,
     _check(_two_gemms, args, artifact)
 
 
-def test_a_template_that_fails_is_skipped(tmp_path):
-    def timer(label, run):
-        if label != LIBRARY:
-            raise RuntimeError("out of resources: shared memory")
-        return 1.0
+def test_a_template_that_fails_is_skipped():
+    config.gemm_templates = "auto"
+    timed = []
 
-    args = _linear_args(torch.float32)
+    def timer(label, run):
+        timed.append(label)
+        if len(timed) == 2:  # the first template
+            raise RuntimeError("out of resources: shared memory")
+        return 5.0 if label == LIBRARY else float(len(timed))
+
+    args = _linear_args(torch.float32, m=40, k=72, n=80, batch=())
     with gemm_timer(timer):
         artifact = _compile(gelu_erf, args)
-    assert not _templates(artifact)
+    (spec,) = _templates(artifact)
+    assert len(timed) >= 3 and f"{spec.meta_dict['BLOCK_M']}x{spec.meta_dict['BLOCK_N']}x" \
+        f"{spec.meta_dict['BLOCK_K']} GROUP_M=8 num_warps={spec.num_warps} " \
+        f"num_stages={spec.num_stages}" == timed[2]  # the next one, the fastest that ran
+    _check(gelu_erf, args, artifact)
 
 
 def test_gemm_budget_option_is_validated():
