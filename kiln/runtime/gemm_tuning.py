@@ -10,7 +10,7 @@ under `options.autotune` only (the default mode never calls it):
 2. `config.gemm_templates`: "never" keeps every library call; "auto" decides by benchmark and,
    where nothing can be timed (the Triton interpreter, no CUDA device), keeps the library call
    (logged once at INFO); "always" takes a template wherever legal: the fastest when it can
-   time, else the first config.
+   time and a template won, else the first config.
 3. The disk cache (`DiskCache("gemm")`) is keyed by every candidate's source (shapes, strides,
    dtypes and the epilogue are specialized into it), the library call's operands and
    `versions()` (device name, toolchain, Triton): a hit takes the recorded choice without
@@ -118,7 +118,7 @@ def _can_benchmark(graph: Any) -> bool:
 
 
 class _Tuner:
-    """The choices of one graph: its specs, timer, deadline and progress line."""
+    """The choices of one graph: its specs, timer, budget and progress line."""
 
     def __init__(self, schedule: Any, specs: dict[str, Any], timer: Timer | None,
                  budget_s: float) -> None:
@@ -131,41 +131,44 @@ class _Tuner:
 
     def choose(self, cand: GemmCandidate, total: int) -> Any:
         """The winning template's spec, or None for the library call (with
-        `gemm_templates = "always"`, the first template where the library call won)."""
+        `gemm_templates = "always"`, the first template wherever no template won)."""
         self.done += 1
-        group = cand.group
-        label = _label(group)
+        label = _label(cand.group)
         templates = self._templates(cand)
         if not templates:
             return None
-        if self.timer is None:
-            log.info("gemm %s: template %s (forced, not timed)", label, templates[0][0].short())
+        choice = self._timed_choice(cand, templates, label, total) if self.timer else None
+        if choice:
+            return templates[choice - 1][1]
+        if config.gemm_templates == "always":
+            log.info("gemm %s: template %s (forced)", label, templates[0][0].short())
             return templates[0][1]
+        return None
+
+    def _timed_choice(self, cand: GemmCandidate, templates: list[tuple[GemmConfig, Any]],
+                      label: str, total: int) -> int | None:
+        """0 for the library call, i for template i - 1; None when the budget was spent
+        before this matmul or nothing ran. From the disk cache when it has the answer."""
         prints = [self._library_print(cand)] + [fingerprint(s) for _, s in templates]
         key = cache_key("gemm", prints, versions())
         choice = _cached_choice(self.cache.get(key), prints)
-        if choice is None:
-            if self.spent > self.budget_s:
-                log.info("gemm %s: budget of %.1f s spent; keeps the library call", label,
-                         self.budget_s)
-                return None
-            timings, complete = self._benchmark(cand, templates, f"{self.done}/{total} {label}")
-            choice = _fastest(timings)
-            if choice is None:
-                return None
+        names = [LIBRARY] + [c.short() for c, _ in templates]
+        if choice is not None:
+            log.info("gemm %s: cached choice %s", label, names[choice])
+            return choice
+        if self.spent > self.budget_s:
+            log.info("gemm %s: budget of %.1f s spent; keeps the library call", label,
+                     self.budget_s)
+            return None
+        timings, complete = self._benchmark(cand, templates, f"{self.done}/{total} {label}")
+        choice = _fastest(timings)
+        if choice is not None:
             self.cache.put(key, {"choice": choice, "fingerprint": prints[choice],
-                                 "label": label, "complete": complete,
-                                 "timings_ms": [t if math.isfinite(t) else None for t in timings],
-                                 "candidates": [LIBRARY] + [c.short() for c, _ in templates]})
-            _report(label, templates, timings, choice, complete)
-        else:
-            log.info("gemm %s: cached choice %s", label,
-                     LIBRARY if choice == 0 else templates[choice - 1][0].short())
-        if choice == 0 and config.gemm_templates == "always":
-            log.info("gemm %s: template %s (forced; the library call was faster)", label,
-                     templates[0][0].short())
-            return templates[0][1]
-        return None if choice == 0 else templates[choice - 1][1]
+                                 "label": label, "complete": complete, "candidates": names,
+                                 "timings_ms": [t if math.isfinite(t) else None
+                                                for t in timings]})
+            _report(label, names, timings, choice, complete)
+        return choice
 
     def _templates(self, cand: GemmCandidate) -> list[tuple[GemmConfig, Any]]:
         group = cand.group
@@ -325,9 +328,8 @@ class _Progress:
             sys.stderr.flush()
 
 
-def _report(label: str, templates: list[tuple[GemmConfig, Any]], timings: list[float],
-            choice: int, complete: bool) -> None:
-    names = [LIBRARY] + [c.short() for c, _ in templates]
+def _report(label: str, names: list[str], timings: list[float], choice: int,
+            complete: bool) -> None:
     table = ", ".join(f"{n}: {_us(t)}" for n, t in zip(names, timings))
     log.info("gemm %s: chose %s%s (%s)", label, names[choice],
              "" if complete else " (budget spent)", table)
