@@ -364,7 +364,8 @@ def test_gemm_budget_option_is_validated():
 
 def test_stored_artifact_and_kernel_records_keep_the_template():
     """The warm-start cache stores a compiled graph as data (`artifact_json`): the template
-    comes back as a kernel with a fixed grid; kernels.json counts its flops."""
+    comes back as a kernel with a fixed grid; kernels.json counts its flops; the schedule's
+    text names the template step."""
     from kiln.runtime.artifact_json import artifact_from_json, artifact_json, check_artifact_json
     from kiln.runtime.debug import kernel_records
 
@@ -372,6 +373,10 @@ def test_stored_artifact_and_kernel_records_keep_the_template():
     artifact = _compile(gelu_residual_cast, args)
     (record,) = [r for r in kernel_records(artifact) if r["kind"] == "gemm_template"]
     assert record["flops"] == 2 * 18 * 24 * 20 and record["user_locations"] == []
+    from kiln.schedule import render_schedule
+
+    text = render_schedule(artifact.schedule)
+    assert "gemm template: addmm 18x24x20 + epilogue" in text and "buf0 addmm float32" in text
     data = artifact_json(artifact)
     check_artifact_json(data)
     again = artifact_from_json(data)
