@@ -421,3 +421,68 @@ def test_without_a_terminal_one_info_line_per_gemm(monkeypatch, caplog):
     assert len(chose) == 2 and "mm 40x72x20 -> gelu" in chose[0] and "library: 2000.0 us" in \
         chose[0]
     assert gemm_tuning.sys.stderr.getvalue() == ""
+
+
+_SECOND_PROCESS = """
+import os, sys
+sys.path[:0] = [{tests!r}]
+import torch
+from kiln.config import config
+from kiln.runtime import gemm_tuning
+import test_gemm_template as t
+
+config.cpu_codegen, config.suppress_errors, config.gemm_templates = "triton_interpret", False, "auto"
+
+def refuse(label, run):
+    raise AssertionError("benchmarked again: " + label)
+
+torch.manual_seed(0)
+args = t._linear_args(torch.float32)
+with gemm_tuning.gemm_timer(refuse):
+    artifact = t._compile(t.gelu_erf, args)
+(spec,) = t._templates(artifact)
+print(spec.meta_dict["BLOCK_M"], spec.num_stages)
+"""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the child runs on the CPU interpreter")
+def test_another_process_reads_the_choice_and_benchmarks_nothing(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from child_env import ROOT, child_env
+
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "shared"))
+    config.gemm_templates = "auto"
+    torch.manual_seed(0)
+    args = _linear_args(torch.float32)
+    with gemm_timer(FakeTimer(2.0, [3.0, 1.0, 4.0, 5.0, 6.0, 7.0])):
+        (spec,) = _templates(_compile(gelu_erf, args))
+    script = _SECOND_PROCESS.format(tests=str(Path(__file__).parent))
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env=child_env(TRITON_INTERPRET="1"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == [str(spec.meta_dict["BLOCK_M"]), str(spec.num_stages)]
+
+
+def test_seed_block_inference_and_training(monkeypatch):
+    from kiln.tools.seed_model import TransformerBlock
+
+    fused = []
+    real = gemm_tuning.fuse_gemm_epilogues
+    monkeypatch.setattr(gemm_tuning, "fuse_gemm_epilogues",
+                        lambda s, cands: fused.extend(cands) or real(s, cands))
+    torch.manual_seed(0)
+    block = TransformerBlock(32, 4)
+    x = torch.randn(2, 8, 32, requires_grad=True)
+    out = kiln.compile(block, backend="kiln", mode=TUNED)(x)
+    ref = block(x)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)
+    grad = torch.randn_like(out)
+    inputs = [x, *block.parameters()]
+    for got, want in zip(torch.autograd.grad(out, inputs, grad),
+                         torch.autograd.grad(ref, inputs, grad)):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+    # fc1 + GELU in the forward, its recomputation + GELU's backward in the backward
+    assert [c.group.gemm.kind for c in fused] == ["addmm", "mm"]
