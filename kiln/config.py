@@ -131,6 +131,17 @@ _FIELDS: dict[str, _Field] = {
     # did not show in a run beside eager and torch.compile (5.38 ms), and NHWC convolutions give
     # float32 results off eager's by TF32 algorithm differences (benchmarks/RESULTS.md,
     # 2026-12-02). When on, graphs with grouped convolutions keep NCHW.
+    # Issue 17: GEMM templates compete with the library call only under max-autotune, and only
+    # where a benchmark can decide (a CUDA device): on the interpreter nothing meaningful times.
+    "gemm_templates": _Field("auto", str, "KILN_GEMM_TEMPLATES",
+                             "max-autotune's Triton GEMM templates with fused epilogues "
+                             "(kiln.runtime.gemm_tuning): 'auto' benchmarks them against the "
+                             "library call + separate epilogue kernel on a GPU and keeps the "
+                             "library call elsewhere; 'always' uses a template wherever legal "
+                             "(the fastest when it can time and a template won, else the first "
+                             "config; for tests on the interpreter); 'never' keeps every "
+                             "library call",
+                             choices=("auto", "always", "never")),
     "channels_last": _Field(False, bool, "KILN_CHANNELS_LAST",
                             "compute CUDA graphs with two or more convolutions, none grouped, in "
                             "NHWC memory order (kiln.lower.channels_last; inference graphs only)"),

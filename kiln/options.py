@@ -10,7 +10,8 @@ names map onto it:
     "max-autotune"                True      True
     "max-autotune-no-cudagraphs"  True      False
 
-`options` (a dict) then overrides single fields: `{"autotune": True, "autotune_budget_s": 5.0}`;
+`options` (a dict) then overrides single fields: `{"autotune": True, "autotune_budget_s": 5.0}`
+(`gemm_autotune_budget_s`: seconds per graph for the GEMM templates' benchmarks);
 torch.compile's spellings `"max_autotune"` and `"triton.cudagraphs"` name the same fields. An
 unknown key or a value of the wrong type is an `InvalidArgument` that lists the known keys.
 """
@@ -28,7 +29,10 @@ __all__ = ["MODES", "CompileOptions", "resolve_options"]
 class CompileOptions:
     """How the kiln backend compiles. mode: the mode name these settings started from.
     autotune: benchmark each kernel's candidate configs and keep the fastest.
-    autotune_budget_s: seconds of benchmarking per kernel. cudagraphs: record each compiled
+    autotune_budget_s: seconds of benchmarking per kernel. gemm_autotune_budget_s: seconds per
+    graph for choosing between each matmul's library call (+ its separate epilogue kernel) and
+    Triton GEMM templates with the epilogue fused (`kiln.runtime.gemm_tuning`; seconds of
+    timing over all of a graph's matmuls, compiling the candidates not counted). cudagraphs: record each compiled
     graph's launches (kernels and library calls) as a CUDA graph per set of input sizes and
     replay it (`kiln.runtime.cudagraphs`, docs/cudagraphs.md); graphs that cannot be captured
     (CPU tensors, host syncs) run as without, with one warning saying why. Real capture also
@@ -41,6 +45,7 @@ class CompileOptions:
     mode: str = "default"
     autotune: bool = False
     autotune_budget_s: float = 2.0
+    gemm_autotune_budget_s: float = 5.0
     cudagraphs: bool = False
     cudagraph_warmup: int = 1
     cudagraph_max_recordings: int = 8
@@ -56,8 +61,11 @@ MODES: dict[str, dict[str, Any]] = {
 _ALIASES = {"max_autotune": "autotune", "triton.cudagraphs": "cudagraphs"}  # torch's spellings
 _TYPES: dict[str, tuple[type, ...]] = {"autotune": (bool,), "cudagraphs": (bool,),
                                        "autotune_budget_s": (int, float),
+                                       "gemm_autotune_budget_s": (int, float),
                                        "cudagraph_warmup": (int,),
                                        "cudagraph_max_recordings": (int,)}
+_BUDGETS = {"autotune_budget_s": "per kernel, e.g. 2.0",
+            "gemm_autotune_budget_s": "per graph for its matmuls, e.g. 5.0"}
 _MINIMUM = {"cudagraph_warmup": 0, "cudagraph_max_recordings": 1}  # int options
 
 
@@ -105,10 +113,10 @@ def _checked(key: str, name: str, value: Any) -> Any:
         expected = " or ".join(t.__name__ for t in types)
         raise InvalidArgument(f"option {key!r} must be a {expected}, got {value!r}",
                               hint=f"known keys: {_known()}")
-    if name == "autotune_budget_s":
+    if name in _BUDGETS:
         if not value > 0:
             raise InvalidArgument(f"option {key!r} must be positive, got {value!r}",
-                                  hint="seconds of benchmarking per kernel, e.g. 2.0")
+                                  hint=f"seconds of benchmarking {_BUDGETS[name]}")
         return float(value)
     if name in _MINIMUM and value < _MINIMUM[name]:
         raise InvalidArgument(f"option {key!r} must be at least {_MINIMUM[name]}, got {value!r}",

@@ -50,14 +50,15 @@ def test_unknown_option_lists_the_known_keys():
         kiln.compile(_f, options={"autotunee": True})
     text = str(info.value)
     assert "unknown option 'autotunee'" in text
-    assert "known keys: autotune, cudagraphs, autotune_budget_s, cudagraph_warmup, " \
-           "cudagraph_max_recordings, max_autotune, triton.cudagraphs" in text
+    assert "known keys: autotune, cudagraphs, autotune_budget_s, gemm_autotune_budget_s, " \
+           "cudagraph_warmup, cudagraph_max_recordings, max_autotune, triton.cudagraphs" in text
 
 
 @pytest.mark.parametrize("options, message", [
     ({"autotune": "yes"}, "option 'autotune' must be a bool, got 'yes'"),
     ({"autotune_budget_s": 0}, "option 'autotune_budget_s' must be positive, got 0"),
     ({"autotune_budget_s": True}, "option 'autotune_budget_s' must be a int or float"),
+    ({"gemm_autotune_budget_s": -2}, "option 'gemm_autotune_budget_s' must be positive"),
     ({"cudagraph_warmup": -1}, "option 'cudagraph_warmup' must be at least 0, got -1"),
     ({"cudagraph_max_recordings": 0}, "option 'cudagraph_max_recordings' must be at least 1"),
     ({"cudagraph_warmup": 1.5}, "option 'cudagraph_warmup' must be a int, got 1.5"),

@@ -40,6 +40,7 @@ def test_defaults():
         "emulate_precision_casts": True,
         "tile_pointwise": True,
         "channels_last": False,
+        "gemm_templates": "auto",
         "symbolic_kernels": True,
         "symbolic_bound_launch": False,
         "cudagraphs_on_gpu": False,

@@ -114,9 +114,12 @@ def _buffer_bytes(graph: Any, name: str) -> int:
 
 
 def _group_record(group: FusedGroup, spec: Any, graph: Any) -> dict:
+    from kiln.schedule.gemm_epilogue import GemmGroup, matmul_flops
+
     moved = sum(_buffer_bytes(graph, n) for n in dict.fromkeys(spec.args))
+    flops = matmul_flops(group.gemm) if isinstance(group, GemmGroup) else 0
     return {"name": spec.name, "kind": spec.kind, "numel": int(spec.numel),
-            "rnumel": int(spec.rnumel), "bytes": moved, "flops": 0,
+            "rnumel": int(spec.rnumel), "bytes": moved, "flops": flops,
             **_provenance(group.origins), "source": f"kernels/{spec.name}.py"}
 
 

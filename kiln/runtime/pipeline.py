@@ -4,6 +4,7 @@
     schedule         kiln.schedule.schedule (fusion)       → Schedule (steps in order)
     codegen          kiln.codegen.emit_group per group     → KernelSpec per FusedGroup
     autotune         options.autotune: best config each    → KernelSpec per FusedGroup
+                     and matmul + epilogue: library call or GEMM template (gemm_tuning)
     compile_kernels  kiln.runtime.launcher.build_launchers → one pre-bound launcher per kernel
     wrapper          kiln.runtime.wrapper                  → Python source of call(args), exec'd
     cudagraphs       options.cudagraphs: kiln.runtime.cudagraphs replays call(args) as CUDA graphs
@@ -26,6 +27,7 @@ from kiln.codegen import candidate_configs, emit_group
 from kiln.lower import lower_graph
 from kiln.options import CompileOptions, resolve_options
 from kiln.schedule import schedule as schedule_ir
+from kiln.runtime.gemm_tuning import choose_gemm_templates
 from kiln.runtime.launcher import stage_timer
 from kiln.runtime.wrapper import WrapperCode, generate_wrapper, load_wrapper
 
@@ -98,6 +100,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
     if options.autotune:
         with stage_timer(timings, "autotune"):
             specs = autotune_groups(schedule, specs, options.autotune_budget_s)
+            schedule, specs = choose_gemm_templates(schedule, specs,
+                                                    options.gemm_autotune_budget_s)
     with stage_timer(timings, "compile_kernels"):
         from kiln.runtime.launcher import check_kernel_devices
 

@@ -20,6 +20,8 @@ def _lines(origins: tuple[Origin, ...]) -> list[str]:
 
 def _node_label(node: ComputedBuffer, stores: tuple[str, ...]) -> str:
     kind = node.data.reduction_type if node.is_reduction else "pointwise"
+    if getattr(node, "gemm", None) is not None:  # a GemmGroup's matmul output (gemm_epilogue)
+        kind = node.gemm.kind
     mark = "" if node.name in stores else " (in registers)"
     return f"{node.name} {kind} {node.layout.render()}{mark}"
 
@@ -27,6 +29,8 @@ def _node_label(node: ComputedBuffer, stores: tuple[str, ...]) -> str:
 def _step_lines(i: int, step: FusedGroup | ExternKernel, schedule: Schedule) -> list[str]:
     if isinstance(step, FusedGroup):
         kind = "reduction" if step.is_reduction else "pointwise"
+        if getattr(step, "gemm", None) is not None:  # max-autotune's GemmGroup
+            kind = f"gemm template: {step.gemm.describe()} + epilogue"
         space = f"x={list(step.x_ranges)}" + (f" r={list(step.r_ranges)}" if step.r_ranges else "")
         head = f"step {i}: {step.name} ({kind} kernel, {space})"
         body = [f"    {_node_label(n, step.stores)}" for n in step.nodes]
