@@ -101,7 +101,8 @@ def _draws_random_numbers(sample_fn: Callable, tensors: list) -> bool:
     for seed in (1, 2):
         torch.manual_seed(seed)
         try:
-            outs.append(sweep_foreign._leaves(sample_fn(*[t.clone() for t in tensors])))
+            outs.append(sweep_foreign._leaves(
+                sample_fn(*sweep_foreign._clone_inputs(list(tensors), False))))
         except Exception:
             return False
     return any(isinstance(a, torch.Tensor) and a.dtype.is_floating_point
@@ -157,6 +158,81 @@ def _case(op, fn, name: str, dtype: torch.dtype, index: int, inplace: bool) -> C
     return case
 
 
+# -- torch.nn modules: ModuleInfo (`module_db` in torch.testing) ---------------------------------
+
+class _CalledWith(torch.nn.Module):
+    """A module called with a sample's non-tensor keyword arguments bound."""
+
+    def __init__(self, inner: torch.nn.Module, kwargs: dict) -> None:
+        super().__init__()
+        self.inner, self.kwargs = inner, kwargs
+
+    def forward(self, *args: Any) -> Any:
+        return self.inner(*args, **self.kwargs)
+
+
+def module_cases(dtype: torch.dtype, sample_indices: list[int], only: str) -> list[Case]:
+    from torch.testing._internal.common_modules import module_db
+    cases = []
+    for info in module_db:
+        if SKIP.search(info.name.lower()) or not re.search(only, info.name):
+            continue
+        try:
+            count = len(_module_samples(info, dtype))
+        except Exception:
+            continue
+        seen = set()
+        for index in sample_indices:
+            index = index % count if count else 0
+            if count and index not in seen:
+                seen.add(index)
+                case = _module_case(info, dtype, index)
+                if case is not None:
+                    cases.append(case)
+    return cases
+
+
+def _module_samples(info, dtype: torch.dtype) -> list:
+    return list(info.module_inputs_func(info, device="cpu", dtype=dtype, requires_grad=False,
+                                        training=False))
+
+
+def _module_case(info, dtype: torch.dtype, index: int) -> Case | None:
+    torch.manual_seed(0)
+    sample = _module_samples(info, dtype)[index]
+    kwargs = sample.forward_input.kwargs
+    if any(isinstance(v, torch.Tensor) for v in _leaves_of(kwargs)):
+        return None
+
+    def build():
+        torch.manual_seed(0)
+        chosen = _module_samples(info, dtype)[index]
+        c = chosen.constructor_input
+        module = info.module_cls(*c.args, **c.kwargs).to(dtype)
+        return _CalledWith(module, dict(chosen.forward_input.kwargs)) if kwargs else module
+
+    def inputs():
+        return tuple(_module_samples(info, dtype)[index].forward_input.args)
+
+    try:
+        module, args = build(), inputs()
+        if not any(isinstance(t, torch.Tensor) for t in _leaves_of(args)):
+            return None
+        train = not _module_draws_random_numbers(module, args)
+    except Exception:
+        return None
+    return Case(f"{info.name}#{index}", build, inputs, train=train, infer=True)
+
+
+def _leaves_of(value: Any) -> list:
+    return sweep_foreign._leaves(value)
+
+
+def _module_draws_random_numbers(module: torch.nn.Module, args: tuple) -> bool:
+    module.train()
+    return _draws_random_numbers(lambda *a: module(*a), list(args))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backend", default="kiln")
@@ -164,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--samples", default="0,-1", help="sample indices per operator")
     ap.add_argument("--inplace", action="store_true", help="also the in-place variants")
+    ap.add_argument("--modules", action="store_true",
+                    help="torch.nn modules (ModuleInfo) instead of operators (OpInfo)")
     ap.add_argument("--list", action="store_true")
     ap.add_argument("--verbose", action="store_true")
     ap.add_argument("--json", default="")
@@ -171,7 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     dtype = getattr(torch, args.dtype)
     indices = [int(i) for i in args.samples.split(",") if i]
-    cases = opinfo_cases(dtype, indices, args.inplace, args.only)
+    cases = module_cases(dtype, indices, args.only) if args.modules else \
+        opinfo_cases(dtype, indices, args.inplace, args.only)
     if args.list:
         for c in cases:
             print(c.name)

@@ -47,6 +47,7 @@ from kiln.autograd.size_variants import PerSizeVariants, SymbolicVariant, unwrap
 from kiln.autograd.symbolic import (SizeConditions, SizeFunction, has_unbacked_sizes,
                                     is_symbolic_graph, symbolic_positions)
 from kiln.autograd.trace import lifted_attributes, trace_inference, trace_joint
+from kiln.config import config
 from kiln.errors import KilnError
 from kiln import records
 from kiln.logs import artifact_enabled, artifact_logger, info_once, warn_once
@@ -377,7 +378,17 @@ class TrainingVariant(Variant):
         if self.bw is None:
             bw_gm = self.partition.bw_gm
             _log_graph("backward", bw_gm)
-            self.bw = self.compilers.bw_compiler(bw_gm, _fake_args(bw_gm))
+            try:
+                self.bw = self.compilers.bw_compiler(bw_gm, _fake_args(bw_gm))
+            except Exception as err:
+                if not config.suppress_errors:
+                    raise
+                # the forward already ran compiled: its saved tensors fit the traced backward
+                # graph, which torch's own kernels can run op by op
+                log.warning("kiln: compiling a backward graph failed (%s: %s); it runs as its "
+                            "traced ATen ops (eager kernels) instead. Set KILN_SUPPRESS_ERRORS=0 "
+                            "to raise.", type(err).__name__, str(err).splitlines()[0][:200])
+                self.bw = bw_gm
         return self.bw
 
     def _tangent_specs(self, args: tuple) -> tuple[TensorSpec, ...]:

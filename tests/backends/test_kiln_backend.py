@@ -89,3 +89,47 @@ def test_a_failing_joint_attention_rewrite_falls_back_to_compiling_without_it(mo
         out = kiln.compile(block, backend="kiln")(x)
     assert "compiling without it" in caplog.text
     torch.testing.assert_close(out, block(x))
+
+
+@pytest.mark.parametrize("suppress", [True, False])
+def test_a_backward_graph_that_fails_to_compile_runs_its_aten_ops(monkeypatch, caplog, device,
+                                                                  suppress, tmp_path):
+    """The backward graph compiles on the first backward call, after the forward ran: a failure
+    there (OpInfo's kthvalue of a 0-dim tensor did) raised out of `loss.backward()`. Now the
+    traced backward graph runs on torch's kernels, with a warning; KILN_SUPPRESS_ERRORS=0 raises."""
+    import logging
+
+    import kiln
+    import kiln.runtime as runtime
+
+    real = runtime.compile_graph
+
+    def failing_backward(graph, inputs, *, name, **kw):
+        if name == "backward":
+            raise RuntimeError("injected backward failure")
+        return real(graph, inputs, name=name, **kw)
+
+    monkeypatch.setattr(runtime, "compile_graph", failing_backward)
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))
+    config.cpu_codegen = "triton_interpret"
+    config.suppress_errors = suppress
+
+    def fn(x, w):
+        return (torch.tanh(x @ w) * x.sum(-1, keepdim=True)).softmax(-1)
+
+    x = torch.randn(4, 6, device=device, requires_grad=True)
+    w = torch.randn(6, 6, device=device, requires_grad=True)
+    x2, w2 = (t.detach().clone().requires_grad_(True) for t in (x, w))
+    weights = torch.randn(4, 6, device=device)
+    out = kiln.compile(fn, backend="kiln")(x, w)
+    torch.testing.assert_close(out, fn(x2, w2))
+    (fn(x2, w2) * weights).sum().backward()
+    if not suppress:
+        with pytest.raises(RuntimeError, match="injected backward failure"):
+            (out * weights).sum().backward()
+        return
+    with caplog.at_level(logging.WARNING, logger="kiln.autograd"):
+        (out * weights).sum().backward()
+    assert "compiling a backward graph failed" in caplog.text
+    torch.testing.assert_close(x.grad, x2.grad)
+    torch.testing.assert_close(w.grad, w2.grad)

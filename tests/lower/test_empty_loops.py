@@ -236,3 +236,23 @@ def test_a_library_call_returning_a_list_of_tensors(generated_kernels, device):
         return hist * 2, [e + 1 for e in edges]
 
     _assert_same_call(fn, lambda: [torch.randn(6, 2, device=device)])
+
+
+def test_training_through_reductions_with_indices_of_a_0dim_tensor(generated_kernels, device):
+    """OpInfo's kthvalue / max(dim) / topk samples of a 0-dim tensor: their backward scatters
+    the gradient into a 0-dim tensor, which the scatter rule indexed by a dim it has not."""
+    import kiln
+
+    def fn(x):
+        return (torch.kthvalue(x, 1, 0, True)[0] * 2 + torch.max(x, 0)[0]
+                + torch.topk(x, 1)[0].sum())
+
+    compiled = kiln.compile(fn, backend="kiln")
+    for _ in range(2):
+        x = torch.randn((), device=device, requires_grad=True)
+        x2 = x.detach().clone().requires_grad_(True)
+        out, want = compiled(x), fn(x2)
+        torch.testing.assert_close(out, want)
+        out.backward()
+        want.backward()
+        torch.testing.assert_close(x.grad, x2.grad)

@@ -109,6 +109,8 @@ def lower_index(call: Call, x: TensorValue, indices: Sequence[TensorValue | None
 
 def _scatter_one(call: Call, x: Any, dim: int, index: Any, *rest: Any, **kw: Any) -> bool:
     meta_x, meta_i = call.meta_args[0], call.meta_args[2]
+    if meta_x.dim() == 0:
+        return False  # a 0-dim scatter stays a library call
     d = norm_dim(dim, meta_x.dim())
     return (meta_i.dim() == meta_x.dim() and meta_i.shape[d] == 1
             and all(meta_i.shape[k] == meta_x.shape[k] for k in range(meta_x.dim()) if k != d)
