@@ -475,3 +475,28 @@ def test_torch_testing_assert_close_still_checks_inside_a_compiled_function():
     assert torch.equal(f(x, x.clone()), x + x)
     with pytest.raises(AssertionError):
         f(x, x + 1)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "kiln"])
+def test_an_in_place_op_whose_result_cannot_be_cast_back_raises_as_in_eager(backend,
+                                                                            generated_kernels):
+    """`long_tensor.logit_()`: eager raises (Float can't be cast to Long); the functional form
+    traced for it cast silently (torch's OpInfo int64 samples of logit_ and ldexp_)."""
+    def fn(x, y):
+        z = x * 2
+        z.logit_()
+        return z + y
+
+    x, y = torch.randint(1, 5, (4,)), torch.randn(4)
+    with pytest.raises(RuntimeError, match="can't be cast"):
+        fn(x.clone(), y)
+    with pytest.raises(RuntimeError, match="can't be cast"):
+        kiln.compile(fn, backend=backend)(x.clone(), y)
+
+    def fine(x):  # castable in-place updates of integers stay in the graph
+        x.add_(1).mul_(3)
+        return x
+
+    counting = CountingBackend()
+    got = kiln.compile(fine, backend=counting)(torch.arange(5))
+    assert torch.equal(got, fine(torch.arange(5))) and counting.count == 1

@@ -139,7 +139,39 @@ class TensorMethodVT(VT):
                                result)
         if name == "type" and not args and not kwargs:
             return ConstantVT(self.tensor.fake.type())
+        uncastable = _in_place_result_uncastable(self.tensor, name, args, kwargs)
+        if uncastable is not None:
+            unsupported("inplace-uncastable", f"tensor.{name}() on a {self.tensor.fake.dtype} "
+                        f"tensor computes {uncastable}, which cannot be cast back in place: "
+                        "eager raises, so this call runs eagerly", category="user-fixable",
+                        hint=f"call the out-of-place tensor.{name[:-1]}() instead")
         return graph_call(tx, "call_method", name, [self.tensor, *args], kwargs)
+
+
+def _in_place_result_uncastable(tensor: TensorVT, name: str, args: list[VT],
+                                kwargs: dict[str, VT]) -> torch.dtype | None:
+    """The dtype an in-place method computes when it cannot be cast to its tensor's dtype
+    (`long_tensor.logit_()`): eager's kernel raises, but the functional form traced for it
+    would cast silently (torch.compile returns garbage there). Checked only where it can
+    happen: an integer or bool tensor, or a complex argument."""
+    dtype = tensor.fake.dtype
+    functional = getattr(torch.Tensor, name[:-1], None) if name.endswith("_") and \
+        not name.startswith("_") else None
+    if functional is None or dtype.is_complex:
+        return None
+    fake_args = [to_graph_args(a)[1] for a in specialize_all(args)]
+    fake_kwargs = {k: to_graph_args(v)[1] for k, v in specialize_all(kwargs).items()}
+    if dtype.is_floating_point and not any(
+            isinstance(v, complex) or isinstance(v, torch.Tensor) and v.is_complex()
+            for v in [*fake_args, *fake_kwargs.values()]):
+        return None
+    try:
+        result = functional(tensor.fake, *fake_args, **fake_kwargs)
+    except Exception:
+        return None  # the in-place call itself reports it when traced
+    if isinstance(result, torch.Tensor) and not torch.can_cast(result.dtype, dtype):
+        return result.dtype
+    return None
 
 
 def scalar_outputs(tx: Translator, tensor: TensorVT, name: str) -> VT:
