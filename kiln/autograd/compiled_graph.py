@@ -469,9 +469,9 @@ class _ViewOfIntermediate:
 def _bases_for_views(returned: list, first: int) -> list[_ViewOfIntermediate]:
     """The outputs (from index `first`, after the mutated inputs) that are views of a tensor made
     inside the forward and can be made again outside from their base. Views that cannot be
-    rebuilt exactly (overlapping or dtype-changing views, a hidden base shared by several
-    outputs) are returned as they are: reads are right, and an in-place write on them raises, as
-    it does in eager for overlapping views."""
+    rebuilt exactly (overlapping, dtype-changing or conjugating views, a hidden base shared by
+    several outputs) are returned as they are: reads are right, and an in-place write on them
+    raises, as it does in eager for overlapping views."""
     found: list[_ViewOfIntermediate] = []
     hidden_uses: dict[int, int] = {}
     for o in returned[first:]:
@@ -480,8 +480,9 @@ def _bases_for_views(returned: list, first: int) -> list[_ViewOfIntermediate]:
     slots = {id(o): k for k, o in enumerate(returned) if isinstance(o, torch.Tensor)}
     for k in range(first, len(returned)):
         o = returned[k]
-        if not isinstance(o, torch.Tensor) or o._base is None or o.dtype != o._base.dtype:
-            continue
+        if not isinstance(o, torch.Tensor) or o._base is None or o.dtype != o._base.dtype \
+                or o.is_conj() != o._base.is_conj() or o.is_neg() != o._base.is_neg():
+            continue  # as_strided keeps the base's conjugate / negative bits, not the view's
         base = o._base
         offset = o.storage_offset() - base.storage_offset()
         reshape = (offset == 0 and o.is_contiguous() and base.is_contiguous()

@@ -42,6 +42,7 @@ from kiln.codegen.fast_math import FAST_MATH_HELPERS
 from kiln.codegen.reductions import PRELUDE_HELPERS
 from kiln.codegen.tiling import plan_tiles, tile_grid, tile_prologue
 from kiln.codegen.triton_printer import CodegenError, TritonPrinter
+from kiln.codegen.triton_types import triton_dtype
 from kiln.lower.deps import read_writes
 from kiln.lower.index import size_hint, size_names
 from kiln.lower.ir import ComputedBuffer, IRGraph, Origin, Reduction, loop_vars
@@ -323,6 +324,8 @@ def _check_group(group: FusedGroup) -> None:
         raise CodegenError(f"{group.name}: empty loop nest")
     if group.is_reduction and not group.r_ranges:
         raise CodegenError(f"{group.name}: reduction members but no r_ranges")
+    for node in group.nodes:  # complex values have no Triton type, not even for a plain copy
+        triton_dtype(node.dtype)
 
 
 def _dtypes(group: FusedGroup, graph: IRGraph | None) -> dict:

@@ -100,3 +100,19 @@ def test_gradients_flow_through_an_output_viewing_an_input_as_complex():
     (out * weights).real.sum().backward()
     (want * weights).real.sum().backward()
     torch.testing.assert_close(x.grad, x2.grad)
+
+
+def test_an_output_that_is_a_conjugate_view_keeps_its_conjugation_in_training():
+    """fft.ifft returns a conjugate view of an intermediate (`_conj`); the training path made it
+    again from its base with as_strided, which drops the conjugate bit: the output came back
+    conjugated (wrong imaginary parts) whenever an input required grad."""
+    import kiln
+    fn = lambda a: torch.fft.ifft(a)  # noqa: E731
+    x = torch.randn(6, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_(True)
+    out, want = kiln.compile(fn, backend="aot_eager")(x), fn(x2)
+    torch.testing.assert_close(out, want)
+    weights = torch.randn(6, dtype=torch.complex64)
+    (out * weights).real.sum().backward()
+    (want * weights).real.sum().backward()
+    torch.testing.assert_close(x.grad, x2.grad)

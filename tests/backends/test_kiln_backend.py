@@ -133,3 +133,30 @@ def test_a_backward_graph_that_fails_to_compile_runs_its_aten_ops(monkeypatch, c
     assert "compiling a backward graph failed" in caplog.text
     torch.testing.assert_close(x.grad, x2.grad)
     torch.testing.assert_close(w.grad, w2.grad)
+
+
+def test_complex_values_are_never_given_to_a_generated_kernel(tmp_path, monkeypatch, caplog):
+    """OpInfo's fft.ifft in training: the backward graph cloned a complex64 tangent in a
+    generated copy kernel, which Triton cannot take (KeyError 'complex64' at launch, out of
+    `loss.backward()`). Complex groups are now refused at code generation: the graph runs its
+    ATen ops instead (with a warning), and gradients equal eager's."""
+    import logging
+
+    import kiln
+
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))
+    config.cpu_codegen = "triton_interpret"
+
+    def fn(a):
+        return torch.fft.ifft(a)
+
+    x = torch.randn(6, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_(True)
+    with caplog.at_level(logging.WARNING, logger="kiln"):
+        out = kiln.compile(fn, backend="kiln")(x)
+        want = fn(x2)
+        torch.testing.assert_close(out, want)
+        weights = torch.randn(6)
+        (out * weights).real.sum().backward()
+        (want * weights).real.sum().backward()
+    torch.testing.assert_close(x.grad, x2.grad)
