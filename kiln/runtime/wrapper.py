@@ -347,7 +347,9 @@ class _Writer:
         nodes = ", ".join(n.name for n in group.nodes)
         self.lines.append("")
         self._line(f"# {group.name}: {spec.kind} [{nodes}] {_origins(group.origins)}")
-        for name in spec.writes:
+        # buffers taking a dead one's storage first: the plan holds donors only until the
+        # next fresh allocation (kiln.schedule.memory)
+        for name in sorted(spec.writes, key=lambda n: n not in self.reuse):
             self._allocate(name)
         args = ", ".join([self._kernel_arg(self._resolve_name(n)) for n in spec.args]
                          + list(getattr(spec, "size_args", ())))
