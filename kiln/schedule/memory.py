@@ -8,8 +8,8 @@ buffer a kernel writes to a dead one whose storage it takes: same device, dtype 
 size, dead before the step that writes the new one starts (a kernel never reads and writes one
 storage), and dead *since the last fresh allocation*: a donor is held from its death to the
 taker's allocation, so holding it across another allocation would raise the peak above
-freeing it (with the CUDA caching allocator a freed block is reused anyway; the first planner
-held donors across whole stages: ResNet-50 inference peaked at 640 MiB where eager's was 444).
+freeing it (with the CUDA caching allocator a freed block is reused anyway). The first planner
+held donors across whole stages: a bottleneck stage's inference peaked 29% above eager's.
 Library outputs (attention, convolution, matmuls, fallbacks) are fresh tensors: the wrapper
 calls no `out=` form, so they never take storage, though they can be donors.
 """
