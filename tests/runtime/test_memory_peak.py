@@ -115,3 +115,29 @@ def test_retain_graph_keeps_saved_activations_for_a_second_backward():
     loss.backward()
     for p, g in zip(compiled.parameters(), first):
         torch.testing.assert_close(p.grad, 2 * g)
+
+
+def _bump_and_pass_through(x, y, z):
+    x.mul_(2)
+    return x + y.sin(), z, z.t()
+
+
+def test_boxed_call_keeps_mutated_and_returned_inputs(device):
+    """Inputs dropped after their last reader are only those the graph neither mutates nor
+    returns: the copy into a mutated input and a returned input (or a view of it) still work
+    after the caller's list was emptied."""
+    x, y, z = (torch.randn(5, 3, device=device) for _ in range(3))
+    artifact = compile_graph(trace_aten(_bump_and_pass_through, x.clone(), y, z),
+                             [x.clone(), y, z])
+    deleted = {name.strip() for line in artifact.wrapper.source.splitlines()
+               if line.strip().startswith("del ") for name in line.strip()[4:].split(",")}
+    assert "y_1" in deleted and not {"x_1", "z_1"} & deleted
+    mine, theirs = x.clone(), x.clone()
+    args = [mine, y, z]
+    out = artifact.call_boxed(args)
+    assert args == []
+    expected = _bump_and_pass_through(theirs, y, z)
+    for got, want in zip(out, expected, strict=True):
+        torch.testing.assert_close(got, want)
+    torch.testing.assert_close(mine, theirs)
+    assert out[1].data_ptr() == z.data_ptr() and out[2].data_ptr() == z.data_ptr()
