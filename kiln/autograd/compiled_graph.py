@@ -407,17 +407,28 @@ class TrainingVariant(Variant):
             if grads[slot] is not None:  # eager's backward reads an overwritten saved tensor
                 raise RuntimeError(message)
         grads = _view_gradients(grads, ctx.views)
-        tangents = [_coerce(grads[slot], spec)
-                    for slot, spec in zip(self.tangent_slots, ctx.tangent_specs)]
-        tensors, others = iter(ctx.saved_tensors), iter(ctx.others)
-        saved = [next(tensors) if is_tensor else next(others) for is_tensor in ctx.tensor_slots]
+        args = _saved(ctx) + [_coerce(grads[slot], spec)
+                              for slot, spec in zip(self.tangent_slots, ctx.tangent_specs)]
+        # eager frees each node's saved tensors once it ran; here one node runs the whole
+        # backward, so let go of ctx's references (not under retain_graph) and hand ours to
+        # the wrapper, which drops each saved activation after its last reader
+        ctx.maybe_clear_saved_tensors()
         bw = self.compile_backward()
         reached = sum(1 << j for j, slot in enumerate(self.tangent_slots)
                       if grads[slot] is not None)
+        boxed = getattr(bw, "call_boxed", None)
+        outs = boxed(args) if boxed is not None else bw(*args)
         # an input whose gradient reads only tangents no gradient reached gets None, as in
         # eager (autograd never reaches it), not zeros
         return tuple(None if needs and not needs & reached else grad
-                     for grad, needs in zip(bw(*saved, *tangents), self.grad_tangents))
+                     for grad, needs in zip(outs, self.grad_tangents))
+
+
+def _saved(ctx: Any) -> list:
+    """The forward's saved values in order: tensors from ctx.saved_tensors, others from
+    ctx.others."""
+    tensors, others = iter(ctx.saved_tensors), iter(ctx.others)
+    return [next(tensors) if is_tensor else next(others) for is_tensor in ctx.tensor_slots]
 
 
 def _make_function(variant: TrainingVariant) -> type:

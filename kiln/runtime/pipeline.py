@@ -75,6 +75,12 @@ class CompiledArtifact:
     def __call__(self, *args: Any) -> tuple:
         return self.call(args)
 
+    def call_boxed(self, args: list) -> tuple:
+        """Call with a list the wrapper empties after unpacking: the caller hands its
+        references over, so each input is freed after its last reader when nothing else
+        holds it (the autograd runtime passes the backward's saved activations this way)."""
+        return self.call(args)
+
     def __repr__(self) -> str:
         return (f"<CompiledArtifact {self.name}: {len(self.specs)} kernels, "
                 f"{self.kernel_launches} launches per call>")

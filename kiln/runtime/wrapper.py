@@ -4,10 +4,13 @@ The wrapper is the whole per-call program of a compiled graph, written out as re
 (Inductor's "output code"): unpack the inputs; allocate each buffer with `empty_strided` on its
 device right before the step that writes it (or take the storage of a dead buffer, per
 `Schedule.reuse`); launch the pre-bound kernels and call the library ops in schedule order; `del`
-every buffer after its last reader; copy graph mutations into their inputs; return the outputs
-as strided views. It reads no IR at run time: sizes, strides and ops are literals in the text,
-and kernels are globals bound by name when the text is exec'd (`load_wrapper`), so the source
-alone plus the kernels rebuilds the callable (the disk cache stores exactly that).
+every buffer and input after its last reader; copy graph mutations into their inputs; return the
+outputs as strided views. `call(args)` empties a list `args` after unpacking it (a boxed call:
+the caller hands its references over, so an input nothing else holds, such as a saved activation
+passed to the backward, is freed after its last reader instead of at the end). It reads no IR
+at run time: sizes, strides and ops are literals in the text, and kernels are globals bound by
+name when the text is exec'd (`load_wrapper`), so the source alone plus the kernels rebuilds the
+callable (the disk cache stores exactly that).
 
 Kernels address their buffers' storages at flat offsets (the IR's layout offsets included), so a
 kernel argument is the tensor itself when its layout offset is 0 (data pointer = storage start)
@@ -160,13 +163,16 @@ class _Writer:
         return [self._resolve(a).name for a in step.tensor_args()]
 
     def _kept(self) -> set[str]:
-        """Buffers that live to the end: outputs, mutation sources, inputs and constants."""
-        kept = {buf.name for buf in self.graph.inputs if buf is not None}
-        kept |= set(self.graph.constants)
+        """Buffers that live to the end: outputs, mutated inputs and their sources, constants.
+        Other inputs are dropped after their last reader like buffers (never donated: the
+        caller may still hold them), which frees them when the caller handed its references
+        over (a boxed call: the backward's saved activations)."""
+        kept = set(self.graph.constants)
         for out in self.graph.outputs:
             if isinstance(out, TensorArg):
                 kept.add(self._resolve(out).name)
         kept |= {self._resolve(arg).name for _, arg in self.graph.mutations}
+        kept |= {name for name, _ in self.graph.mutations}
         return kept
 
     def _last_use(self) -> dict[str, int]:
@@ -178,6 +184,15 @@ class _Writer:
             for read in self.reads[i]:
                 last[read] = i
         return {name: i for name, i in last.items() if name not in kept}
+
+    def _unread_inputs(self) -> list[str]:
+        """Inputs no step reads and the graph does not keep (sizes come from the prologue)."""
+        read = {name for names in self.reads for name in names}
+        kept = self._kept() | set(self.graph.moved_inputs)
+        return [buf.name if buf is not None else f"_unused{i}"
+                for i, buf in enumerate(self.graph.inputs)
+                if i not in self.graph.size_inputs
+                and (buf is None or buf.name not in read and buf.name not in kept)]
 
     def _dropped_extern_outputs(self) -> set[str]:
         """Library outputs nothing reads (attention's philox seed and offset, its debug mask):
@@ -285,6 +300,8 @@ class _Writer:
                   for i, buf in enumerate(graph.inputs)]
         if params:
             self._line(f"{', '.join(params)}, = args")
+            # a boxed call hands the caller's references over: inputs die at their last use
+            self._line("if type(args) is list: args.clear()")
         if graph.symbolic:
             for line in symbolic_prologue(graph):
                 self._line(line)
@@ -293,6 +310,9 @@ class _Writer:
             self._line(f"{name} = {name}.to({self._device(device)})")
         for cname in graph.constants:
             self._line(f"{cname} = constants[{cname!r}]")
+        unread = self._unread_inputs()
+        if unread:
+            self._line(f"del {', '.join(unread)}")
         for i, step in enumerate(self.steps):
             self._write_step(i, step)
             self._write_frees(i)
@@ -347,7 +367,9 @@ class _Writer:
         nodes = ", ".join(n.name for n in group.nodes)
         self.lines.append("")
         self._line(f"# {group.name}: {spec.kind} [{nodes}] {_origins(group.origins)}")
-        for name in spec.writes:
+        # buffers taking a dead one's storage first: the plan holds donors only until the
+        # next fresh allocation (kiln.schedule.memory)
+        for name in sorted(spec.writes, key=lambda n: n not in self.reuse):
             self._allocate(name)
         args = ", ".join([self._kernel_arg(self._resolve_name(n)) for n in spec.args]
                          + list(getattr(spec, "size_args", ())))

@@ -3,8 +3,8 @@
 
 Per model and variant (one row each): an accuracy verdict against eager and against an fp64
 reference, the median time of one step, the speedup over eager, the compile time, the first
-call, the recompile time in the warm process, peak memory (CUDA only), kiln's graph and break
-counts, and the input shapes.
+call, the recompile time in the warm process, peak memory and its ratio to eager's, kiln's
+graph and break counts, and the input shapes.
 Rendering (table, CSV, JSON, plot, summary line) lives in `kiln.tools.bench_report`.
 
 Accuracy. Every tensor a step produces (inference: the outputs; training: the loss and every
@@ -20,6 +20,12 @@ summed; for torch.compile, which records no kiln stages, the first call minus a 
 process)": the compile time again after another reset, on a fresh copy of the model.
 
 Timing: `triton.testing.do_bench` medians on CUDA; medians of `--repeat` timeit runs on the CPU.
+
+Peak memory: of one warm step, above what was allocated before it (what the step keeps, its
+outputs and gradients, included): `torch.cuda.max_memory_allocated` on CUDA (with the library
+workspaces it sees); on the CPU `kiln.tools.memory_meter` (live tensor storages, no library
+scratch; cycles collected when Triton's interpreter runs kiln's kernels, which leaves each
+launch's arguments in a reference cycle). `mem_ratio` is a variant's peak / eager's.
 A crash in one model or variant is caught and reported in its row as "error: <type>: <msg>".
 """
 from __future__ import annotations
@@ -27,6 +33,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import os
 import statistics
 import sys
 import time
@@ -39,6 +46,7 @@ import torch
 from kiln import api
 from kiln.tools.compile_time import timed_first_call
 from kiln.tools.explain import explain
+from kiln.tools.memory_meter import measure_peak
 from kiln.tools.suite.model_registry import SUITE, ModelSpec, get, infer, train_step
 
 __all__ = ["COLUMNS", "FLOORS", "MODES", "BenchConfig", "input_shapes", "max_error", "run_bench",
@@ -156,7 +164,8 @@ def median_ms(fns: dict[str, Callable[[], Any]], device: str, repeat: int) -> di
 
 def _peak_mb(fn: Callable[[], Any], device: str) -> float | None:
     if device != "cuda":
-        return None
+        interpreting = os.environ.get("TRITON_INTERPRET") == "1"
+        return measure_peak(fn, keep_result=False, collect_cycles=interpreting).peak_mb
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()

@@ -39,7 +39,10 @@ TABLE = (("model", "model", 10), ("variant", "variant", 13), ("input", "input", 
          ("verdict", "verdict", 7), ("err_vs_eager", "vs eager", 8), ("err_vs_fp64", "vs fp64", 7),
          ("median_ms", "ms", 7), ("speedup", "speedup", 7), ("compile_s", "compile", 8),
          ("graphs", "graphs", 6))
-MEMORY_TABLE = (("mem_ratio", "mem", 6),)
+# with memory measured, the peak and its ratio to eager's; the input shapes (whole in the JSON)
+# narrow to keep the line within 100 columns
+MEMORY_TABLE = (("peak_mem_mb", "peak", 5), ("mem_ratio", "mem", 6))
+MEMORY_INPUT_WIDTH = 5
 
 
 def legend(memory: bool) -> str:
@@ -48,7 +51,8 @@ def legend(memory: bool) -> str:
             "and an fp64 reference; ms: median per step; speedup: eager ms / ms; compile: seconds, "
             f"{DEFINITION} (torch.compile: first call minus a steady call); graphs: kiln's "
             "graphs/breaks" +
-            ("; mem: peak memory / eager's (MB in results.json)" if memory else ""))
+            ("; peak: peak memory of a step (K/M/G bytes; MB in results.json); mem: peak / "
+             "eager's" if memory else ""))
     return textwrap.fill(text, 100)
 
 
@@ -91,9 +95,20 @@ def _cell(col: str, row: dict) -> str:
         return f"{value:.1e}"
     if col == "speedup" or col == "mem_ratio":
         return f"{value:.2f}x"
+    if col == "peak_mem_mb":
+        return _bytes(value * 2**20)
     if isinstance(value, float):
         return f"{value:.3f}" if col.endswith("_s") else f"{value:.2f}"
     return str(value)
+
+
+def _bytes(n: float) -> str:
+    """At most 5 characters: 80K, 12.3M, 640M, 6.26G."""
+    for unit, scale in (("K", 2**10), ("M", 2**20), ("G", 2**30)):
+        if n / scale < 999.5 or unit == "G":
+            value = n / scale
+            return f"{value:.3g}{unit}" if value >= 1 or n == 0 else f"{value:.2f}{unit}"
+    return ""
 
 
 def _fit(text: str, width: int) -> str:
@@ -101,18 +116,21 @@ def _fit(text: str, width: int) -> str:
 
 
 def format_table(rows: list[dict]) -> str:
-    """The screen table (≤ 100 columns): one line per row. Peak memory is only measured on CUDA;
-    its columns appear when some row has it, else one line says why they are absent. Verdicts
-    other than pass are spelled out in full under the table."""
+    """The screen table (≤ 100 columns): one line per row. The peak-memory columns appear when
+    some row has a ratio to eager's, else one line says why they are absent. Verdicts other
+    than pass are spelled out in full under the table."""
     measured_memory = any(r.get("mem_ratio") is not None for r in rows)
-    spec = TABLE + (MEMORY_TABLE if measured_memory else ())
+    spec = TABLE
+    if measured_memory:
+        spec = tuple((k, h, MEMORY_INPUT_WIDTH if k == "input" else w) for k, h, w in TABLE)
+        spec += MEMORY_TABLE
     cells = [[_fit(_cell(key, row), cap) for key, _, cap in spec] for row in rows]
     widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, (_, h, _) in enumerate(spec)]
     line = lambda vals: " ".join(v.ljust(w) for v, w in zip(vals, widths)).rstrip()
     lines = [line([h for _, h, _ in spec]), line(["-" * w for w in widths])]
     lines += [line(r) for r in cells]
     if not measured_memory:
-        lines.append("peak memory: not measured (CUDA only: torch.cuda's allocator statistics)")
+        lines.append("peak memory: not measured (no eager row to compare with)")
     lines += [textwrap.fill(f"{r['model']} / {r['variant']}: {r['verdict']}", 100,
                             subsequent_indent="  ")
               for r in rows if r.get("verdict") and r["verdict"] != "pass"]

@@ -114,3 +114,39 @@ def test_fusion_never_grows_the_peak(seed_graphs) -> None:
         fused, unfused = schedule(graph), schedule(graph, fuse=False)
         assert live_bytes(fused.steps, fused.graph, fused.last_use) <= \
             live_bytes(unfused.steps, unfused.graph, unfused.last_use)
+
+
+def _fresh_between(sched: Schedule, start: int, stop: int) -> list[str]:
+    """Buffers allocated fresh (not taking a dead one's storage) by steps start..stop-1."""
+    return [name for step in sched.steps[start:stop] for name in step_writes(step)
+            if name not in sched.reuse]
+
+
+def _assert_donors_never_held_past_an_allocation(sched: Schedule) -> None:
+    index = {name: i for i, step in enumerate(sched.steps) for name in step_writes(step)}
+    for new, old in sched.reuse.items():
+        died, taken = sched.last_use[old], index[new]
+        assert died < taken
+        assert not _fresh_between(sched, died + 1, taken), \
+            f"{old} (dead after step {died}) is held across allocations until {new} takes it"
+
+
+def _chain(x, w1, w2, w3):
+    a = x @ w1                           # [64, 64]
+    b = torch.relu(a)                    # a dies here
+    d = torch.sin(b @ w2)                # fresh [64, 32] buffers
+    return torch.cos(d @ w3) * 2         # [64, 64]: could take a's storage, held since b
+
+
+def test_reuse_never_raises_the_peak(seed_graphs) -> None:
+    """A donor is held from its death to the taker's allocation: only worth it when no other
+    allocation happens between (the first planner held ResNet activations across stages)."""
+    graph, _ = lower_fn(_chain, torch.randn(64, 64), torch.randn(64, 64), torch.randn(64, 32),
+                        torch.randn(32, 64))
+    scheds = [schedule(graph, fuse=False)]
+    scheds += [schedule(g) for _, _, g in seed_graphs]
+    for sched in scheds:
+        _assert_donors_never_held_past_an_allocation(sched)
+        freed = live_bytes(sched.steps, sched.graph, sched.last_use)
+        assert live_bytes(sched.steps, sched.graph, sched.last_use, sched.reuse) <= freed
+    assert not scheds[0].reuse  # the chain's same-sized donors died allocations ago

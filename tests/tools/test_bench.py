@@ -41,7 +41,7 @@ def test_rows_table_and_files_have_the_documented_columns(tmp_path):
         assert tuple(row) == COLUMNS + ("compile_stages",)
         assert row["verdict"] == "pass", row
         assert row["input"] == bench.input_shapes(SUITE[row["model"]].build("small")[1].inputs)
-        assert row["median_ms"] > 0 and row["peak_mem_mb"] is None
+        assert row["median_ms"] > 0 and row["peak_mem_mb"] > 0  # the CPU meter
         assert 0 < row["err_vs_fp64"] < 1e-4
     kiln_row = rows[1]
     assert kiln_row["graphs"] == 1 and kiln_row["breaks"] == 0
@@ -51,15 +51,15 @@ def test_rows_table_and_files_have_the_documented_columns(tmp_path):
     assert 0 < kiln_row["compile_s"] < kiln_row["first_call_s"]
     assert kiln_row["recompile_warm_s"] >= 0
     assert kiln_row["speedup"] == rows[0]["median_ms"] / kiln_row["median_ms"]
+    assert rows[0]["mem_ratio"] == 1.0
+    assert kiln_row["mem_ratio"] == kiln_row["peak_mem_mb"] / rows[0]["peak_mem_mb"]
     table = format_table(rows)
     assert table.splitlines()[0].split() == ["model", "variant", "input", "verdict", "vs",
                                              "eager", "vs", "fp64", "ms", "speedup", "compile",
-                                             "graphs"]
+                                             "graphs", "peak", "mem"]
     assert re.search(r"^mlp +kiln +16x32 +pass ", table, re.M), table
-    assert "1/0" in table.splitlines()[3]  # kiln's graphs/breaks
-    # no peak-memory columns on the CPU, and a line that says why
-    assert "mem" not in table.splitlines()[0]
-    assert "peak memory: not measured (CUDA only" in table
+    assert re.search(r" 1/0 +[0-9.]+[KMG] +[0-9.]+x$", table.splitlines()[3]), table
+    assert "not measured" not in table
     csv_path, json_path = write_results(rows, _config(), str(tmp_path))
     with open(csv_path) as f:
         reader = csv.DictReader(f)
@@ -69,6 +69,7 @@ def test_rows_table_and_files_have_the_documented_columns(tmp_path):
         data = json.load(f)
     assert data["columns"] == list(COLUMNS) and len(data["rows"]) == 4
     assert data["rows"][0]["input"] == [[16, 32]]
+    assert data["rows"][1]["peak_mem_mb"] > 0 and data["rows"][1]["mem_ratio"] > 0
     assert data["config"]["kiln_runs"].startswith("kiln captures the graph and the eager backend "
                                                   "runs it as torch ops")
     assert data["summary"]["kiln"]["passed"] == 2
@@ -195,8 +196,12 @@ def test_table_fits_100_columns_even_with_long_names_and_errors(memory):
     table = format_table(rows)
     assert max(len(line) for line in table.splitlines()) <= 100, table
     assert ("mem" in table.splitlines()[0]) is memory
-    assert "32x512x102…" in table  # the input shapes, cut to their column (JSON has all)
-    assert "32x512x102… error" in table.splitlines()[3]
+    cut = "32x5…" if memory else "32x512x102…"  # the input shapes, cut (JSON has all)
+    assert f"{cut} error" in table.splitlines()[3]
+    if memory:
+        assert table.splitlines()[2].endswith(" 12.1G 12.34x")
+    else:
+        assert "peak memory: not measured" in table
     assert "hf:a_very_long_architecture_name / kiln: error: RuntimeError: something" in table
     assert max(len(line) for line in bench_report.legend(memory).splitlines()) <= 100
 
@@ -241,3 +246,13 @@ def test_a_transformers_family_model_runs_in_the_bench():
     assert [(r["model"], r["variant"], r["verdict"]) for r in rows] == [
         ("hf:gpt2", "eager", "pass"), ("hf:gpt2", "kiln", "pass")]
     assert rows[1]["graphs"] >= 1
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["inference", "training"])
+def test_kiln_kernels_peak_at_most_eager(generated_kernels, train):
+    """With kiln's generated kernels (interpreted on the CPU), the bench's peak-memory ratio
+    for the seed block is at most 1: the meter collects the interpreter's cycles."""
+    config = _config(models=("seed_block",), backend="kiln", train=train, repeat=1)
+    eager, kiln_row = run_bench(config, progress=None)
+    assert kiln_row["verdict"] == "pass", kiln_row
+    assert 0 < kiln_row["mem_ratio"] <= 1.0, (kiln_row["peak_mem_mb"], eager["peak_mem_mb"])
