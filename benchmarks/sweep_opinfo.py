@@ -209,7 +209,11 @@ def _module_case(info, dtype: torch.dtype, index: int) -> Case | None:
         chosen = _module_samples(info, dtype)[index]
         c = chosen.constructor_input
         module = info.module_cls(*c.args, **c.kwargs).to(dtype)
-        return _CalledWith(module, dict(chosen.forward_input.kwargs)) if kwargs else module
+        module = _CalledWith(module, dict(chosen.forward_input.kwargs)) if kwargs else module
+        if _is_lazy(module):  # parameters drawn at the first call: draw them once, here
+            with torch.no_grad():
+                module(*chosen.forward_input.args)
+        return module
 
     def inputs():
         return tuple(_module_samples(info, dtype)[index].forward_input.args)
@@ -222,6 +226,11 @@ def _module_case(info, dtype: torch.dtype, index: int) -> Case | None:
     except Exception:
         return None
     return Case(f"{info.name}#{index}", build, inputs, train=train, infer=True)
+
+
+def _is_lazy(module: torch.nn.Module) -> bool:
+    from torch.nn.modules.lazy import LazyModuleMixin
+    return any(isinstance(m, LazyModuleMixin) for m in module.modules())
 
 
 def _leaves_of(value: Any) -> list:
