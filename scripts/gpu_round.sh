@@ -4,13 +4,17 @@
 # then the dynamic-shape sweep and the small-batch latency modes (CUDA graphs). Logs and JSON
 # under OUT (default gpu_round_out/).
 #
-#   bash scripts/gpu_round.sh [suite|fuzz|dynamic|latency ...]
+#   bash scripts/gpu_round.sh [suite|fuzz|dynamic|latency|zoo|zoo_train|autotune ...]
 #
 # The default is suite, fuzz and dynamic (about 600 s, one device call); `latency` (the
-# reduce-overhead modes, benchmarks/reduce_overhead.py) is a second call.
+# reduce-overhead modes, benchmarks/reduce_overhead.py) is a second call. `zoo` / `zoo_train`
+# (issue 16: the seed block and four timm models, eager / torch.compile / kiln, via the anchors'
+# zoo.py, carried in .anchors/) and `autotune` (issue 17: the seed block under max-autotune,
+# kiln's GEMM templates vs torch.compile's, inference and training) are a call each.
 #
 # Env: SUITE_S / FUZZ_S / DYNAMIC_S / LATENCY_S bound each part in seconds (defaults 380 / 360 /
 # 200 / 240),
+# ZOO_S / AUTOTUNE_S (500 / 500), ZOO_ONLY (zoo.py --only),
 # FUZZ_SEED (default: the date as a number), PARALLEL (12), DYNAMIC_ARGS (extra arguments of
 # benchmarks/dynamic_sweep.py, e.g. "--models gpt2": both models take longer than one call).
 set -uo pipefail
@@ -48,4 +52,21 @@ if [[ " $parts " == *" latency "* ]]; then
     timeout "${LATENCY_S:-240}" python3 benchmarks/reduce_overhead.py --json "$out/latency.json" \
         > "$out/latency.log" 2>&1
     tail -n 12 "$out/latency.log"
+fi
+zoo_models="${ZOO_ONLY:-seed_block,timm_resnet50,timm_convnext_tiny,timm_mobilenetv3_large_100,timm_vit_base_patch16_224}"
+for part in zoo zoo_train; do
+    if [[ " $parts " == *" $part "* ]]; then
+        train=""; [[ "$part" == zoo_train ]] && train="--train"
+        timeout "${ZOO_S:-500}" python3 .anchors/zoo.py --kiln . --modes eager,inductor,kiln \
+            --skip-micro --only "$zoo_models" $train > "$out/$part.jsonl" 2> "$out/$part.err"
+        tail -n 30 "$out/$part.jsonl"
+    fi
+done
+if [[ " $parts " == *" autotune "* ]]; then
+    for train in "" "--train"; do
+        timeout "$(( ${AUTOTUNE_S:-500} / 2 ))" python3 -m kiln bench --models seed_block \
+            --dtype bfloat16 --mode max-autotune --compare torch $train \
+            --out "$out/autotune${train:+_train}" > "$out/autotune${train:+_train}.log" 2>&1
+        tail -n 12 "$out/autotune${train:+_train}.log"
+    done
 fi
