@@ -1185,23 +1185,30 @@ def main(argv: list[str] | None = None) -> int:
         for c in cases:
             print(c.name)
         return 0
+    backends = [b for b in args.backend.split(",") if b]
+    return run_cases(cases, backends, args.timeout, args.verbose,
+                     (1, 2, 3, 4) if args.grow else (1, 2), args.json)
+
+
+def run_cases(cases: list[Case], backends: list[str], timeout: float, verbose: bool,
+              seeds: tuple[int, ...], json_path: str = "") -> int:
+    """Every case under every backend: a row printed each, the summary last, the rows in
+    `json_path`; 1 when any case mismatched, crashed or timed out."""
     from kiln.config import config
     config.cpu_codegen = "triton_interpret" if not torch.cuda.is_available() else config.cpu_codegen
     os.environ.setdefault("KILN_CACHE_DIR", tempfile.mkdtemp(prefix="kiln_sweep_cache_"))
-    backends = [b for b in args.backend.split(",") if b]
     rows = []
-    width = max(len(c.name) for c in cases)
+    width = max((len(c.name) for c in cases), default=10)
     for case in cases:
         for backend in backends:
             t0 = time.perf_counter()
-            result, detail, cover = run_case(case, backend, args.timeout, args.verbose,
-                                             (1, 2, 3, 4) if args.grow else (1, 2))
+            result, detail, cover = run_case(case, backend, timeout, verbose, seeds)
             if result == "skip":
                 continue
             rows.append({"case": case.name, "backend": backend, "result": result, "detail": detail,
-                         "coverage": cover,
-                         "seconds": round(time.perf_counter() - t0, 2)})
-            print(f"{case.name:<{width}}  {backend:<10}  {cover:<20} {result:<9} {detail}", flush=True)
+                         "coverage": cover, "seconds": round(time.perf_counter() - t0, 2)})
+            print(f"{case.name:<{width}}  {backend:<10}  {cover:<20} {result:<9} {detail}",
+                  flush=True)
     print()
     summary: dict[str, dict[str, int]] = {}
     for r in rows:
@@ -1209,8 +1216,8 @@ def main(argv: list[str] | None = None) -> int:
         summary[r["backend"]][r["result"]] += 1
     for backend, counts in summary.items():
         print(f"{backend}: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
-    if args.json:
-        with open(args.json, "w") as fh:
+    if json_path:
+        with open(json_path, "w") as fh:
             json.dump({"rows": rows, "summary": summary}, fh, indent=1)
     return 1 if any(r["result"] in ("mismatch", "crash", "timeout") for r in rows) else 0
 

@@ -24,18 +24,15 @@ import os
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import re  # noqa: E402
 import sys  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
 from typing import Any, Callable  # noqa: E402
 
 import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sweep_foreign  # noqa: E402
-from sweep_foreign import Case, run_case  # noqa: E402
+from sweep_foreign import Case  # noqa: E402
 
 # random draws, uninitialized memory, or kiln-irrelevant (sparse, nested, meta) operators
 SKIP = re.compile(r"(^|\.)(rand|randn|randint|normal|uniform|bernoulli|multinomial|cauchy|"
@@ -266,33 +263,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.verbose:
                 print(c.source)  # type: ignore[attr-defined]
         return 0
-    from kiln.config import config
-    config.cpu_codegen = "triton_interpret" if not torch.cuda.is_available() else config.cpu_codegen
-    os.environ.setdefault("KILN_CACHE_DIR", tempfile.mkdtemp(prefix="kiln_opinfo_cache_"))
-    rows = []
-    width = max((len(c.name) for c in cases), default=10)
-    for case in cases:
-        for backend in [b for b in args.backend.split(",") if b]:
-            t0 = time.perf_counter()
-            result, detail, cover = run_case(case, backend, args.timeout, args.verbose)
-            if result == "skip":
-                continue
-            rows.append({"case": case.name, "backend": backend, "result": result,
-                         "detail": detail, "coverage": cover,
-                         "seconds": round(time.perf_counter() - t0, 2)})
-            print(f"{case.name:<{width}}  {backend:<10}  {cover:<20} {result:<9} {detail}",
-                  flush=True)
-    summary: dict[str, dict[str, int]] = {}
-    for r in rows:
-        counts = summary.setdefault(r["backend"], {})
-        counts[r["result"]] = counts.get(r["result"], 0) + 1
-    print()
-    for backend, counts in summary.items():
-        print(f"{backend}: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"rows": rows, "summary": summary}, fh, indent=1)
-    return 1 if any(r["result"] in ("mismatch", "crash", "timeout") for r in rows) else 0
+    backends = [b for b in args.backend.split(",") if b]
+    return sweep_foreign.run_cases(cases, backends, args.timeout, args.verbose, (1, 2), args.json)
 
 
 if __name__ == "__main__":

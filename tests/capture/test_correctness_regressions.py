@@ -487,11 +487,18 @@ def test_an_in_place_op_whose_result_cannot_be_cast_back_raises_as_in_eager(back
         z.logit_()
         return z + y
 
+    def unbound(x, y):  # the same through torch.Tensor's unbound method
+        z = x * 2
+        torch.Tensor.logit_(z)
+        return z + y
+
     x, y = torch.randint(1, 5, (4,)), torch.randn(4)
-    with pytest.raises(RuntimeError, match="can't be cast"):
-        fn(x.clone(), y)
-    with pytest.raises(RuntimeError, match="can't be cast"):
-        kiln.compile(fn, backend=backend)(x.clone(), y)
+    for f in (fn, unbound):
+        with pytest.raises(RuntimeError, match="can't be cast"):
+            f(x.clone(), y)
+        kiln.reset()
+        with pytest.raises(RuntimeError, match="can't be cast"):
+            kiln.compile(f, backend=backend)(x.clone(), y)
 
     def fine(x):  # castable in-place updates of integers stay in the graph
         x.add_(1).mul_(3)

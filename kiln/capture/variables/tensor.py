@@ -139,13 +139,26 @@ class TensorMethodVT(VT):
                                result)
         if name == "type" and not args and not kwargs:
             return ConstantVT(self.tensor.fake.type())
-        uncastable = _in_place_result_uncastable(self.tensor, name, args, kwargs)
-        if uncastable is not None:
-            unsupported("inplace-uncastable", f"tensor.{name}() on a {self.tensor.fake.dtype} "
-                        f"tensor computes {uncastable}, which cannot be cast back in place: "
-                        "eager raises, so this call runs eagerly", category="user-fixable",
-                        hint=f"call the out-of-place tensor.{name[:-1]}() instead")
         return graph_call(tx, "call_method", name, [self.tensor, *args], kwargs)
+
+
+def _check_in_place_cast(op: str, target: Any, args: list[VT], kwargs: dict[str, VT]) -> None:
+    """Break where an in-place call's result cannot be cast back to its tensor's dtype
+    (`tensor.logit_()`, `torch.Tensor.logit_(t)`, `torch.relu_(t)` on integers): eager raises
+    there, and running it eagerly raises the same error."""
+    name = target if op == "call_method" else getattr(target, "__name__", "")
+    if not (isinstance(name, str) and name.endswith("_") and args and
+            isinstance(args[0], TensorVT)):
+        return
+    if op == "call_function" and getattr(torch.Tensor, name, None) is not target and \
+            getattr(torch, name, None) is not target:
+        return
+    uncastable = _in_place_result_uncastable(args[0], name, args[1:], kwargs)
+    if uncastable is not None:
+        unsupported("inplace-uncastable", f"{name}() on a {args[0].fake.dtype} tensor computes "
+                    f"{uncastable}, which cannot be cast back in place: eager raises, so this "
+                    "call runs eagerly", category="user-fixable",
+                    hint=f"call the out-of-place {name[:-1]}() instead")
 
 
 def _in_place_result_uncastable(tensor: TensorVT, name: str, args: list[VT],
@@ -261,6 +274,7 @@ def graph_call(tx: Translator, op: str, target: Any, args: list[VT], kwargs: dic
     (the call changes state, like `_set_grad_enabled`)."""
     if target not in VALUE_ONLY_TARGETS:  # a symbolic number could decide a shape here
         args, kwargs = specialize_all(list(args)), specialize_all(dict(kwargs))
+    _check_in_place_cast(op, target, args, kwargs)
     try:
         return _record_call(tx, op, target, args, kwargs, keep)
     except Unsupported as err:
