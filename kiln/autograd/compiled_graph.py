@@ -183,7 +183,8 @@ class CompiledGraph:
             trace = trace_joint if training else trace_inference
             variant = self._variant(trace(self.gm, user_args, symbolic=True))
             if isinstance(variant, TrainingVariant):
-                variant.compile_backward()  # what its compiler assumes is checked per call too
+                # what its compiler assumes is checked per call too; a failure means per size
+                variant.compile_backward(fallback=False)
             facts = _compat.guards_since(self.shape_env, self.capture_guards,
                                          self.capture_replacements)
             conditions = SizeConditions(facts, variant.joint.size_symbols) if facts else None
@@ -373,15 +374,17 @@ class TrainingVariant(Variant):
             ctx.mark_non_differentiable(*frozen)
         return tuple(returned)
 
-    def compile_backward(self) -> Callable[..., Any]:
-        """The compiled backward graph, compiled on first use."""
+    def compile_backward(self, fallback: bool = True) -> Callable[..., Any]:
+        """The compiled backward graph, compiled on first use. `fallback`: a failure runs the
+        traced graph's ATen ops instead (with a warning) unless errors are not suppressed; off
+        where the caller has a better answer to a failure (a symbolic variant: per size)."""
         if self.bw is None:
             bw_gm = self.partition.bw_gm
             _log_graph("backward", bw_gm)
             try:
                 self.bw = self.compilers.bw_compiler(bw_gm, _fake_args(bw_gm))
             except Exception as err:
-                if not config.suppress_errors:
+                if not (fallback and config.suppress_errors):
                     raise
                 # the forward already ran compiled: its saved tensors fit the traced backward
                 # graph, which torch's own kernels can run op by op

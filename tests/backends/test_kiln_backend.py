@@ -160,3 +160,29 @@ def test_complex_values_are_never_given_to_a_generated_kernel(tmp_path, monkeypa
         (out * weights).real.sum().backward()
         (want * weights).real.sum().backward()
     torch.testing.assert_close(x.grad, x2.grad)
+
+
+def test_a_symbolic_backward_that_cannot_compile_goes_per_size_without_a_warning(
+        tmp_path, monkeypatch, caplog):
+    """HuberLoss's backward reads `sym_float` of a size, which the symbolic lowering refuses:
+    that failure must send the graph per size (silently, as before), not through the eager
+    fallback of a backward that fails at `loss.backward()` time."""
+    import logging
+
+    import kiln
+
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))
+    config.cpu_codegen = "triton_interpret"
+    loss_fn = torch.nn.HuberLoss(delta=0.5)
+    compiled = kiln.compile(loss_fn, backend="kiln")
+    with caplog.at_level(logging.WARNING, logger="kiln"):
+        for rows in (3, 4, 5):  # the second size recompiles with symbolic sizes
+            x, y = (torch.randn(rows, 4, requires_grad=True) for _ in range(2))
+            x2, y2 = (t.detach().clone().requires_grad_(True) for t in (x, y))
+            out, want = compiled(x, y), loss_fn(x2, y2)
+            out.backward()
+            want.backward()
+            torch.testing.assert_close(out, want)
+            torch.testing.assert_close(x.grad, x2.grad)
+            torch.testing.assert_close(y.grad, y2.grad)
+    assert "compiling a backward graph failed" not in caplog.text
