@@ -85,8 +85,12 @@ def make_function(op: Callable, sample, inplace: bool) -> tuple[Callable, list, 
     return namespace["sample_fn"], tensors, source
 
 
+REFERENCE_INPUTS = False  # --reference: OpInfo's larger reference_inputs instead of sample_inputs
+
+
 def _sample(op, dtype: torch.dtype, index: int, train: bool):
-    samples = list(op.sample_inputs("cpu", dtype, requires_grad=False))
+    make = op.reference_inputs if REFERENCE_INPUTS else op.sample_inputs
+    samples = list(make("cpu", dtype, requires_grad=False))
     if not samples:
         return None
     return samples[index if index < 0 else min(index, len(samples) - 1)]
@@ -246,6 +250,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--samples", default="0,-1", help="sample indices per operator")
     ap.add_argument("--inplace", action="store_true", help="also the in-place variants")
+    ap.add_argument("--reference", action="store_true",
+                    help="OpInfo's reference inputs (more, and more varied: strides, "
+                         "broadcasting, extremal values) instead of its sample inputs")
     ap.add_argument("--modules", action="store_true",
                     help="torch.nn modules (ModuleInfo) instead of operators (OpInfo)")
     ap.add_argument("--list", action="store_true")
@@ -254,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=60.0)
     args = ap.parse_args(argv)
     dtype = getattr(torch, args.dtype)
+    global REFERENCE_INPUTS
+    REFERENCE_INPUTS = args.reference
     indices = [int(i) for i in args.samples.split(",") if i]
     cases = module_cases(dtype, indices, args.only) if args.modules else \
         opinfo_cases(dtype, indices, args.inplace, args.only)
