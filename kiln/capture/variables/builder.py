@@ -82,11 +82,12 @@ def _wrap(tx: Translator, value: Any, source: Source, module_guard: bool) -> VT:
         return context
     if isinstance(value, functools.partial):
         guards.id_match(source, value, module=module_guard, location=loc)
+        # `func` and `args` are read-only, but `keywords` is a dict changed in place
+        # (`p.keywords["alpha"] = 2`): its keys and values are guarded like any dict's
+        keywords = wrap(tx, value.keywords, Attr(source, "keywords"))
         return PartialVT(wrap(tx, value.func, Attr(source, "func")),
                          [wrap(tx, a, Item(Attr(source, "args"), i))
-                          for i, a in enumerate(value.args)],
-                         {k: wrap(tx, v, item_source(tx, Attr(source, "keywords"), k))
-                          for k, v in value.keywords.items()}, source)
+                          for i, a in enumerate(value.args)], dict(keywords.items), source)
     if isinstance(value, torch.nn.Module):
         guards.module_instance(source, value, module=module_guard, location=loc)
         return ModuleVT(value, source)
