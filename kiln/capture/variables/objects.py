@@ -49,7 +49,21 @@ class PythonModuleVT(VT):
                         f"{name!r}", category="user-fixable")
         if self.source is not None and not _is_library(self.module):
             return wrap(tx, value, Attr(self.source, name))
+        if self.source is not None and _is_torch(self.module):
+            # torch's own modules are constant, except the flags they hold as plain values
+            # (`torch.backends.cudnn.deterministic`, `...matmul.allow_tf32`): guarded when read
+            if isinstance(value, types.ModuleType):
+                return PythonModuleVT(value, Attr(self.source, name))
+            if type(value) in (bool, int, float, str, type(None)):
+                return wrap(tx, value, Attr(self.source, name))
+            if type(value).__module__.startswith("torch.backends") and not callable(value):
+                # flag holders that are plain objects (`torch.backends.cuda.matmul`)
+                return UserObjectVT(value, Attr(self.source, name), tx.output)
         return wrap_derived(tx, value)
+
+
+def _is_torch(module: types.ModuleType) -> bool:
+    return module.__name__.split(".")[0] == "torch"
 
 
 def _is_library(module: types.ModuleType) -> bool:
