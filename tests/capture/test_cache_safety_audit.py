@@ -206,6 +206,25 @@ def test_defaults_of_an_inlined_callee_changed(backend):
     assert backend.count == 2
 
 
+def test_kwdefaults_of_an_inlined_callee_mutated_in_place(backend):
+    def helper(x, *, shift=1.0):
+        return x + shift
+
+    def fn(x):
+        return helper(x)
+
+    c = kiln.compile(fn, backend=backend)
+    _same(c, fn, _r(4))
+    helper.__kwdefaults__["shift"] = 5.0
+    _same(c, fn, _r(4))
+    del helper.__kwdefaults__["shift"]
+    with pytest.raises(TypeError):
+        fn(_r(4))
+    with pytest.raises(TypeError):
+        c(_r(4))
+    assert backend.count == 2
+
+
 def test_code_swapped(backend):
     def fn(x):
         return x + 1
@@ -347,6 +366,20 @@ def test_class_attribute_changed(backend):
         Scaler.factor = saved
     _same(c, fn, _r(4))
     assert backend.count == 2
+
+
+def test_class_counter_read_through_the_class(backend):
+    class C:
+        step = 1
+
+    def fn(x):
+        return x * C.step
+
+    c = kiln.compile(fn, backend=backend)
+    for step in (1, 2, 3, 4, 5):
+        C.step = step
+        _same(c, fn, _r(4))
+    assert backend.count == 2  # the second value makes it a graph input (automatic dynamic)
 
 
 def test_instance_attribute_changed(backend):

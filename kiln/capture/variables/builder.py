@@ -183,25 +183,26 @@ def class_function(tx: Translator, fn: types.FunctionType, cls: type, name: str)
 
 
 def class_attr_source(tx: Translator, cls: type, name: str, value: Any, *,
-                      check: bool = True) -> Source | None:
-    """`cls.name` as a source, guarded `is value` on every call, for an attribute of a user
-    class that `getattr(cls, name)` returns as is (functions, properties, static methods'
-    functions, plain values). None for classes of torch and the standard library and for
-    enums (taken as constant, like their modules' functions), and when the class hands out
-    another object. `check=False`: the source alone, unguarded (a class method's, whose
-    `__func__` the caller guards)."""
+                      identity: bool = True) -> Source | None:
+    """`cls.name` as a source, for an attribute of a user class that `getattr(cls, name)`
+    returns as is (functions, properties, static methods' functions, plain values); with
+    `identity`, guarded `is value` on every call (without: the caller's `wrap` guards the
+    value). None for classes of torch and the standard library and for enums (taken as
+    constant, like their modules' functions), and when the class hands out another object.
+    `value` None: the source alone (a class method, whose `__func__` the caller guards)."""
     from kiln.capture.rules import is_library_module
     if is_library_module(getattr(cls, "__module__", "") or "") or issubclass(cls, enum.Enum):
         return None
     source = Attr(ConstSource(tx.output.consts.index(cls), cls.__qualname__), name)
-    if not check:
+    if value is None:
         return source
     try:
         if getattr(cls, name) is not value:
             return None
     except Exception:  # noqa: BLE001 - a metaclass that computes the attribute: no source
         return None
-    tx.output.guards.id_match(source, value, location=tx.location())
+    if identity:
+        tx.output.guards.id_match(source, value, location=tx.location())
     return source
 
 

@@ -134,7 +134,8 @@ class ClassVT(VT):
         if not hasattr(attr, "__get__") or isinstance(attr, type):
             # a user class's value (`Cls.factor`): read through the class, guarded per call
             from kiln.capture.variables.builder import class_attr_source, wrap
-            source = class_attr_source(tx, self.cls, name, attr) if _class_value(attr) else None
+            source = class_attr_source(tx, self.cls, name, attr, identity=False) \
+                if _class_value(attr) and not _is_dunder(name) else None
             if source is not None:
                 return wrap(tx, attr, source)
         return wrap_derived(tx, attr)
@@ -292,6 +293,11 @@ def _class_value(attr: Any) -> bool:
     return isinstance(attr, (*_CONSTANT_TYPES, list, dict, tuple, type, types.FunctionType))
 
 
+def _is_dunder(name: str) -> bool:
+    """Type metadata (`__name__`, `__module__`, `__mro__`) is taken as constant."""
+    return name.startswith("__") and name.endswith("__")
+
+
 def class_descriptor(tx: Translator, cls: type, name: str, attr: Any, owner: VT) -> VT:
     """A property, static method or class method of `cls`, read through `owner` (an instance or
     the class): its function is read through the class (`Cls.name`, guarded per call), so a
@@ -309,7 +315,7 @@ def class_descriptor(tx: Translator, cls: type, name: str, attr: Any, owner: VT)
         return _wrap_callable(tx, attr.__func__, source) if source else \
             wrap_derived(tx, attr.__func__)
     # a classmethod: `Cls.name` is a new bound method each time; its `__func__` is guarded
-    source = class_attr_source(tx, cls, name, None, check=False)
+    source = class_attr_source(tx, cls, name, None)
     func_source = Attr(source, "__func__") if source else None
     if func_source is not None:
         tx.output.guards.id_match(func_source, attr.__func__, location=tx.location())
