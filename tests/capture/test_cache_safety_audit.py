@@ -281,6 +281,19 @@ def test_global_constant_and_function_rebound(backend):
     assert backend.count == 3
 
 
+def test_deleted_global_raises_the_users_error(backend):
+    ns = {"K": 2.0}
+    exec("def fn(x):\n    return x * K\n", ns)
+    fn = ns["fn"]
+    c = kiln.compile(fn, backend=backend)
+    _same(c, fn, _r(4))
+    del ns["K"]  # the guard `__G['K']` cannot even be read: a miss, and eager's NameError
+    with pytest.raises(NameError):
+        c(_r(4))
+    ns["K"] = 3.0
+    _same(c, fn, _r(4))
+
+
 def _make_module_tree():
     mod = types.ModuleType("kiln_audit_cfg")
     mod.SCALE = 2.0
