@@ -7,7 +7,8 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-__all__ = ["FakeTensor", "FakeTensorMode", "autocast_state", "new_fake_mode", "is_fake",
+__all__ = ["FakeTensor", "FakeTensorMode", "autocast_state", "torch_function_mode_count",
+           "torch_function_modes", "new_fake_mode", "is_fake",
            "DataDependentError", "enter_autocast", "exit_autocast", "set_grad_enabled",
            "SYM_TYPES", "new_symbolic_fake_mode", "symbolic_dispatch", "symbolic_fake",
            "is_symbolic", "symbol_of",
@@ -34,6 +35,17 @@ def autocast_state() -> tuple:
         return ()
     return tuple((dev, torch.get_autocast_dtype(dev)) for dev in _AUTOCAST_DEVICES
                  if torch.is_autocast_enabled(dev))
+
+
+torch_function_mode_count = torch._C._len_torch_function_stack
+
+
+def torch_function_modes() -> tuple:
+    """The active torch function modes, innermost last, as (type, device) pairs: the device of a
+    `torch.device(...)` context or `torch.set_default_device` (a DeviceContext mode)."""
+    return tuple((type(mode), getattr(mode, "device", None))
+                 for mode in (torch._C._get_function_stack_at(i)
+                              for i in range(torch._C._len_torch_function_stack())))
 
 
 def new_fake_mode(*, allow_non_fake_inputs: bool) -> FakeTensorMode:

@@ -415,6 +415,8 @@ def compile_function(fn: types.FunctionType, settings: CompileSettings) -> Calla
         if dispatch.__defaults__ is not fn.__defaults__ or \
                 dispatch.__kwdefaults__ is not fn.__kwdefaults__:
             compiled.refresh()  # the user changed the defaults: bind the new ones
+        if compiled.cache.code is not fn.__code__:
+            compiled.reset()  # `fn.__code__` was swapped: its entries belong to the old code
         return compiled.dispatch(*args, **kwargs)
 
     kiln_compiled._kiln_compiled = compiled  # type: ignore[attr-defined]

@@ -243,11 +243,12 @@ def build_dispatcher(cache: CodeCache, fn: types.FunctionType, slow: Callable[..
             lines.append("    __graph_runs[0] += 1")
         lines.extend(f"    {line.replace('__graph(', f'__graph_{i}(')}" for line in entry.body)
         lines.append(f"def __check{i}({params}):")
-        lines.append(f"    return {fast[i]}")
+        lines.extend(_guarded(f"return {fast[i]}", "return False", "    "))
         lines.extend(_rebind_source(i, entry, params))
     for i in range(len(cache.entries)):
         lines.append(f"def __variant{i}({signature}):")
-        lines.append(f"    if {fast[i]}:")
+        lines.extend(_guarded(f"__hit = {fast[i]}", "__hit = False", "    "))
+        lines.append("    if __hit:")
         lines.append(f"        return __entry{i}({params})")
         # the other entries next, without the lock: layers of one class whose inputs differ
         # (the first layer's input needs no grad, the others' do) alternate between two entries
@@ -297,6 +298,14 @@ def dead_key_source(code: types.CodeType) -> str:
         return "0"
     first = code.co_varnames[0]
     return f"__id({first}) if __isinstance({first}, __Module) else 0"
+
+
+def _guarded(line: str, otherwise: str, indent: str) -> list[str]:
+    """`line` (which evaluates guards) in a try block: a guard whose value is gone (a deleted
+    global, a key removed from a dict) is a miss, so capture and eager run and raise the user's
+    own error (`NameError`), not the dispatcher's `KeyError`. Free on 3.11+ (zero-cost try)."""
+    return [f"{indent}try:", f"{indent}    {line}", f"{indent}except Exception:",
+            f"{indent}    {otherwise}"]
 
 
 def _fast_check(i: int, entry: CacheEntry) -> str:

@@ -290,13 +290,24 @@ class GuardSet:
 
     # -- ambient state -------------------------------------------------------------------------
     def ambient(self) -> None:
-        """Grad mode, autocast and the default dtype at the time of the call."""
+        """Grad mode, autocast, the default dtype and the torch function modes (default device)
+        at the time of the call."""
         self._add("__grad_enabled()", "is", torch.is_grad_enabled(), "torch.is_grad_enabled()",
                   "ambient", module=False, location=None)
         self._add("__autocast_state()", "==", _compat.autocast_state(),
                   "autocast state", "ambient", module=False, location=None)
         self._add("__default_dtype()", "is", torch.get_default_dtype(),
                   "torch.get_default_dtype()", "ambient", module=False, location=None)
+        # torch function modes: a `torch.device(...)` context or `torch.set_default_device`
+        # (factory calls of an ATen graph have the device baked in) and user modes. Without
+        # any (the common case) one C call; with some, their types and devices as well
+        count = _compat.torch_function_mode_count()
+        self._add("__tf_mode_count()", "==", count, "torch function modes active", "ambient",
+                  module=False, location=None)
+        if count:
+            self._add("__tf_modes()", "==", _compat.torch_function_modes(),
+                      "torch function modes (default device)", "ambient", module=False,
+                      location=None)
         buckets = bucket_key()
         if buckets is not None:  # a graph split for these buckets is not reused under others
             self._add("__ddp_buckets()", "==", buckets, "the running DDP's bucket caps",
@@ -308,4 +319,6 @@ AMBIENT_NAMESPACE: dict[str, Any] = {
     "__autocast_state": _compat.autocast_state,
     "__default_dtype": torch.get_default_dtype,
     "__ddp_buckets": bucket_key,
+    "__tf_mode_count": _compat.torch_function_mode_count,
+    "__tf_modes": _compat.torch_function_modes,
 }

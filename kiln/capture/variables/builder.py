@@ -82,11 +82,12 @@ def _wrap(tx: Translator, value: Any, source: Source, module_guard: bool) -> VT:
         return context
     if isinstance(value, functools.partial):
         guards.id_match(source, value, module=module_guard, location=loc)
+        # `func` and `args` are read-only, but `keywords` is a dict changed in place
+        # (`p.keywords["alpha"] = 2`): its keys and values are guarded like any dict's
+        keywords = wrap(tx, value.keywords, Attr(source, "keywords"))
         return PartialVT(wrap(tx, value.func, Attr(source, "func")),
                          [wrap(tx, a, Item(Attr(source, "args"), i))
-                          for i, a in enumerate(value.args)],
-                         {k: wrap(tx, v, item_source(tx, Attr(source, "keywords"), k))
-                          for k, v in value.keywords.items()}, source)
+                          for i, a in enumerate(value.args)], dict(keywords.items), source)
     if isinstance(value, torch.nn.Module):
         guards.module_instance(source, value, module=module_guard, location=loc)
         return ModuleVT(value, source)
@@ -167,19 +168,42 @@ def wrap_derived(tx: Translator, value: Any) -> VT:
 
 def class_function(tx: Translator, fn: types.FunctionType, cls: type, name: str) -> VT:
     """A Python function found on a class (`type(obj).forward`, a method, a property getter).
-    One with a closure (a decorator's wrapper: `functools.wraps(orig)(new_forward)`) is read
-    through a source of its own, kiln's reference to that very function: what its cells hold
-    (the wrapped function, the decorator's arguments, a module) is then wrapped with sources
-    and guards like any frame value, so a module or tensor held there can be traced. The cells
-    are class-level state, set when the class was decorated: their guards are module guards
-    (re-checked when a module changes), as the class's other state is."""
-    if not fn.__closure__:
-        return wrap_derived(tx, fn)
-    source = ConstSource(tx.output.consts.index(fn), f"{cls.__qualname__}.{name}")
-    vt = _wrap_callable(tx, fn, source)
-    if isinstance(vt, UserFunctionVT):
-        vt.module_guard = True
-    return vt
+    It is read through the class (`class_attr_source`): `Cls.name = other` after compiling
+    (a monkeypatched method) fails its identity guard, and what its cells hold (a decorator's
+    wrapped function and arguments, a module: `functools.wraps(orig)(new_forward)`) is
+    wrapped with sources and guards like any frame value, so a module or tensor held there can
+    be traced and a cell rebound later is seen. These guards run on every call: assigning to
+    a class attribute or a cell moves no counter (the module version only covers instances)."""
+    source = class_attr_source(tx, cls, name, fn)
+    if source is None:
+        if not fn.__closure__:
+            return wrap_derived(tx, fn)
+        source = ConstSource(tx.output.consts.index(fn), f"{cls.__qualname__}.{name}")
+    return _wrap_callable(tx, fn, source)
+
+
+def class_attr_source(tx: Translator, cls: type, name: str, value: Any, *,
+                      identity: bool = True) -> Source | None:
+    """`cls.name` as a source, for an attribute of a user class that `getattr(cls, name)`
+    returns as is (functions, properties, static methods' functions, plain values); with
+    `identity`, guarded `is value` on every call (without: the caller's `wrap` guards the
+    value). None for classes of torch and the standard library and for enums (taken as
+    constant, like their modules' functions), and when the class hands out another object.
+    `value` None: the source alone (a class method, whose `__func__` the caller guards)."""
+    from kiln.capture.rules import is_library_module
+    if is_library_module(getattr(cls, "__module__", "") or "") or issubclass(cls, enum.Enum):
+        return None
+    source = Attr(ConstSource(tx.output.consts.index(cls), cls.__qualname__), name)
+    if value is None:
+        return source
+    try:
+        if getattr(cls, name) is not value:
+            return None
+    except Exception:  # noqa: BLE001 - a metaclass that computes the attribute: no source
+        return None
+    if identity:
+        tx.output.guards.id_match(source, value, location=tx.location())
+    return source
 
 
 def _scripted_original(value: Any) -> types.FunctionType | None:

@@ -544,6 +544,21 @@ def _autocast_enabled(tx: Translator, args: Args, kwargs: Kwargs) -> VT:
     return ConstantVT(torch.is_autocast_enabled(device))
 
 
+def _guarded_query(fn: Callable[[], Any]) -> Callable[[Translator, Args, Kwargs], VT]:
+    """A query of process-wide torch state (`torch.are_deterministic_algorithms_enabled()`):
+    folded to its value, and that value guarded on every call, only in graphs that read it."""
+    from kiln.capture.guards import Guard
+
+    def handler(tx: Translator, args: Args, kwargs: Kwargs) -> VT:
+        if args or kwargs:
+            unsupported("state-query", f"{fn.__qualname__} with arguments")
+        value = fn()
+        tx.output.guards.add(Guard(f"{tx.output.consts.ref(fn)}()", "==", repr(value), value,
+                                   f"torch.{fn.__name__}()", "ambient", False, tx.location()))
+        return ConstantVT(value)
+    return handler
+
+
 def _partial(tx: Translator, args: Args, kwargs: Kwargs) -> VT:
     from kiln.capture.variables.objects import PartialVT
     return PartialVT(args[0], list(args[1:]), dict(kwargs))
@@ -572,6 +587,10 @@ SPECIAL_FUNCTIONS: dict[Any, Callable[[Translator, Args, Kwargs], VT]] = {
     torch.compiler.is_compiling: _constant(True),
     torch.compiler.is_dynamo_compiling: _constant(False),
 }
+for _query in (torch.are_deterministic_algorithms_enabled,
+               torch.is_deterministic_algorithms_warn_only_enabled,
+               torch.is_inference_mode_enabled, torch.get_float32_matmul_precision):
+    SPECIAL_FUNCTIONS[_query] = _guarded_query(_query)
 
 
 def register_special(fn: Any, handler: Callable[[Translator, Args, Kwargs], VT]) -> None:

@@ -6,9 +6,9 @@ import inspect
 import types
 from typing import TYPE_CHECKING, Any
 
-from kiln.capture.sources import FnClosure, Source
+from kiln.capture.sources import Attr, FnClosure, Item, Source
 from kiln.capture.unsupported import unsupported
-from kiln.capture.variables.base import VT, CellBox, ConstantVT
+from kiln.capture.variables.base import VT, CellBox, ConstantVT, LazyVT
 from kiln.capture.variables.containers import DictVT, TupleVT
 
 if TYPE_CHECKING:
@@ -59,8 +59,6 @@ class _InlinableVT(VT):
 class UserFunctionVT(_InlinableVT):
     """A real Python function object (a global helper, a method's function, ...)."""
 
-    module_guard = False  # its cells are class-level state (builder.class_function)
-
     def __init__(self, fn: types.FunctionType, source: Source | None = None) -> None:
         self.fn = fn
         self.source = source
@@ -88,15 +86,34 @@ class UserFunctionVT(_InlinableVT):
             except ValueError:  # an empty cell (variable assigned later)
                 cells.append(CellBox(None, source, detached=source is None))
                 continue
-            value = wrap(tx, contents, source, module_guard=self.module_guard) \
-                if source is not None else wrap_derived(tx, contents)
+            value = wrap(tx, contents, source) if source is not None else \
+                wrap_derived(tx, contents)
             cells.append(CellBox(value, source, detached=source is None))
         return cells
 
+    def call(self, tx: Translator, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        if self.source is not None:
+            # the function object is guarded, but `fn.__code__ = other` keeps its identity
+            tx.output.guards.id_match(Attr(self.source, "__code__"), self.fn.__code__,
+                                      location=tx.location())
+        return super().call(tx, args, kwargs)
+
     def defaults(self, tx: Translator) -> tuple[list[VT], dict[str, VT]]:
+        """Defaults read through the function when it has a source: the tuple's identity and
+        each default's value are guarded when the call uses it (`LazyVT`: a default the body
+        reads; `__defaults__` reassigned or a default list mutated is then a miss)."""
         from kiln.capture.variables.builder import wrap_derived
-        defaults = [wrap_derived(tx, d) for d in (self.fn.__defaults__ or ())]
-        kwdefaults = {k: wrap_derived(tx, v) for k, v in (self.fn.__kwdefaults__ or {}).items()}
+        fn = self.fn
+        if self.source is None:
+            defaults = [wrap_derived(tx, d) for d in (fn.__defaults__ or ())]
+            kwdefaults = {k: wrap_derived(tx, v) for k, v in (fn.__kwdefaults__ or {}).items()}
+            return defaults, kwdefaults
+        table = Attr(self.source, "__defaults__")
+        defaults = [_DefaultVT(d, Item(table, i), table, fn.__defaults__)
+                    for i, d in enumerate(fn.__defaults__ or ())]
+        table = Attr(self.source, "__kwdefaults__")
+        kwdefaults = {k: _DefaultVT(v, Item(table, k), table, fn.__kwdefaults__)
+                      for k, v in (fn.__kwdefaults__ or {}).items()}
         return defaults, kwdefaults
 
     def getattr(self, tx: Translator, name: str) -> VT:
@@ -105,6 +122,25 @@ class UserFunctionVT(_InlinableVT):
         if name in _FUNCTION_ATTRS and hasattr(self.fn, name):
             return function_attribute(tx, self.fn, name, self.source)
         return super().getattr(tx, name)
+
+
+class _DefaultVT(LazyVT):
+    """A default argument value, read through its function when the body first uses it. The
+    table it sits in is guarded first (`__defaults__` by identity, `__kwdefaults__`, a dict,
+    by its keys), so the index or key in the value's guard is still the same parameter's.
+    A default the call does not use costs no guard."""
+
+    def __init__(self, value: Any, source: Source, table_source: Source, table: Any) -> None:
+        super().__init__(value, source)
+        self.table_source, self.table = table_source, table
+
+    def realize(self, tx: Translator) -> VT:
+        guards, loc = tx.output.guards, tx.location()
+        if isinstance(self.table, tuple):
+            guards.id_match(self.table_source, self.table, location=loc)
+        else:
+            guards.dict_keys(self.table_source, self.table, location=loc)
+        return super().realize(tx)
 
 
 # Reflection attributes of function objects that library decorators read (transformers'
@@ -265,18 +301,15 @@ class SuperVT(VT):
                     return mapping_method
                 if isinstance(attr, types.FunctionType):
                     from kiln.capture.variables.builder import class_function
-                    fn = class_function(tx, attr, klass, name) if attr.__closure__ else \
-                        UserFunctionVT(attr)
-                    return BoundMethodVT(fn, self.obj)
-                if isinstance(attr, (staticmethod,)):
-                    return wrap_derived(tx, attr.__func__)
-                if isinstance(attr, classmethod):
-                    return BoundMethodVT(UserFunctionVT(attr.__func__),
-                                         ConstantVT(self.obj.python_type()))
+                    return BoundMethodVT(class_function(tx, attr, klass, name), self.obj)
+                if isinstance(attr, (staticmethod, classmethod)) or \
+                        isinstance(attr, property) and attr.fget is not None:
+                    from kiln.capture.variables.objects import ClassVT, class_descriptor
+                    owner = self.obj if isinstance(attr, property) else \
+                        ClassVT(self.obj.python_type())
+                    return class_descriptor(tx, klass, name, attr, owner)
                 if attr is object.__init__:
                     return _NoopVT()
-                if isinstance(attr, property) and attr.fget is not None:
-                    return BoundMethodVT(UserFunctionVT(attr.fget), self.obj).call(tx, [], {})
                 if isinstance(attr, (types.MethodDescriptorType, types.WrapperDescriptorType)):
                     # C methods of a builtin base (dict.__getitem__, object.__setattr__): bound
                     # to the object like any method; capture decides how to call them

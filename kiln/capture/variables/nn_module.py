@@ -160,6 +160,11 @@ class ModuleVT(_ObjectBase):
                     repr(bool(self.module.__dict__.get(name))),
                     bool(self.module.__dict__.get(name)), f"bool({self.source.name()}.{name})",
                     "hooks", module=True))
+            # nn.Module's global hooks: registering or removing one moves the module version
+            registered = global_hooks_registered()
+            tx.output.guards.add(Guard(
+                f"{tx.output.consts.ref(global_hooks_registered)}()", "is", repr(registered),
+                registered, "nn.Module global hooks registered", "hooks", module=True))
         if not module_has_hooks(self.module):
             return forward.call(tx, args, kwargs)
         from kiln.capture.variables.containers import DictVT

@@ -49,7 +49,21 @@ class PythonModuleVT(VT):
                         f"{name!r}", category="user-fixable")
         if self.source is not None and not _is_library(self.module):
             return wrap(tx, value, Attr(self.source, name))
+        if self.source is not None and _is_torch(self.module):
+            # torch's own modules are constant, except the flags they hold as plain values
+            # (`torch.backends.cudnn.deterministic`, `...matmul.allow_tf32`): guarded when read
+            if isinstance(value, types.ModuleType):
+                return PythonModuleVT(value, Attr(self.source, name))
+            if type(value) in (bool, int, float, str, type(None)):
+                return wrap(tx, value, Attr(self.source, name))
+            if type(value).__module__.startswith("torch.backends") and not callable(value):
+                # flag holders that are plain objects (`torch.backends.cuda.matmul`)
+                return UserObjectVT(value, Attr(self.source, name), tx.output)
         return wrap_derived(tx, value)
+
+
+def _is_torch(module: types.ModuleType) -> bool:
+    return module.__name__.split(".")[0] == "torch"
 
 
 def _is_library(module: types.ModuleType) -> bool:
@@ -107,15 +121,23 @@ class ClassVT(VT):
             from kiln.capture.variables.functions import TorchFunctionVT
             return TorchFunctionVT(_function_apply(self.cls))
         attr = lookup_class_attr(self.cls, name)
-        if isinstance(attr, staticmethod):
-            return wrap_derived(tx, attr.__func__)
-        if isinstance(attr, classmethod):
-            return BoundMethodVT(UserFunctionVT(attr.__func__), self)
+        if isinstance(attr, (staticmethod, classmethod)):
+            return class_descriptor(tx, self.cls, name, attr, self)
         if attr is MISSING:
             attr = getattr(self.cls, name, MISSING)
             if attr is MISSING:
                 unsupported("missing-attribute", f"{self.cls.__qualname__} has no attribute "
                             f"{name!r}", category="user-fixable")
+        if isinstance(attr, types.FunctionType):
+            from kiln.capture.variables.builder import class_function
+            return class_function(tx, attr, self.cls, name)
+        if not hasattr(attr, "__get__") or isinstance(attr, type):
+            # a user class's value (`Cls.factor`): read through the class, guarded per call
+            from kiln.capture.variables.builder import class_attr_source, wrap
+            source = class_attr_source(tx, self.cls, name, attr, identity=False) \
+                if _class_value(attr) and not _is_dunder(name) else None
+            if source is not None:
+                return wrap(tx, attr, source)
         return wrap_derived(tx, attr)
 
     def call(self, tx: Translator, args: list[VT], kwargs: dict[str, VT]) -> VT:
@@ -253,18 +275,52 @@ class _ObjectBase(VT):
         if isinstance(attr, (types.MethodDescriptorType, types.WrapperDescriptorType,
                              types.BuiltinFunctionType)) and isinstance(self, UserObjectVT):
             return OpaqueMethodVT(self, name)  # a C method: runs natively at a graph break
-        if isinstance(attr, property) and attr.fget is not None:
-            return UserFunctionVT(attr.fget).call(tx, [self], {})
-        if isinstance(attr, staticmethod):
-            return wrap_derived(tx, attr.__func__)
-        if isinstance(attr, classmethod):
-            return BoundMethodVT(UserFunctionVT(attr.__func__), ClassVT(self.cls))
+        if isinstance(attr, (property, staticmethod, classmethod)):
+            return class_descriptor(tx, self.cls, name, attr, self)
         if hasattr(attr, "__get__") and not isinstance(attr, (int, float, str, tuple, type)):
             unsupported("descriptor", f"descriptor {name!r} of {self.cls.__qualname__}")
         if self.source is not None and not _is_library_class(self.cls):
             from kiln.capture.variables.builder import wrap
             return wrap(tx, getattr(self.cls, name), TypeAttr(self.source, name))
         return wrap_derived(tx, attr)
+
+
+def _class_value(attr: Any) -> bool:
+    """Values read off a class that `wrap` guards by content rather than only by identity
+    (containers and constants: `Cls.factor`, `Cls.table["relu"]`); other objects are taken as
+    they are, as before."""
+    from kiln.capture.variables.builder import _CONSTANT_TYPES
+    return isinstance(attr, (*_CONSTANT_TYPES, list, dict, tuple, type, types.FunctionType))
+
+
+def _is_dunder(name: str) -> bool:
+    """Type metadata (`__name__`, `__module__`, `__mro__`) is taken as constant."""
+    return name.startswith("__") and name.endswith("__")
+
+
+def class_descriptor(tx: Translator, cls: type, name: str, attr: Any, owner: VT) -> VT:
+    """A property, static method or class method of `cls`, read through `owner` (an instance or
+    the class): its function is read through the class (`Cls.name`, guarded per call), so a
+    replaced property or method is a cache miss, never the old body."""
+    from kiln.capture.variables.builder import (_wrap_callable, class_attr_source,
+                                                wrap_derived)
+    if isinstance(attr, property):
+        if attr.fget is None:
+            unsupported("descriptor", f"property {name!r} of {cls.__qualname__} has no getter")
+        source = class_attr_source(tx, cls, name, attr)
+        getter = UserFunctionVT(attr.fget, Attr(source, "fget") if source else None)
+        return BoundMethodVT(getter, owner).call(tx, [], {})
+    if isinstance(attr, staticmethod):
+        source = class_attr_source(tx, cls, name, attr.__func__)
+        return _wrap_callable(tx, attr.__func__, source) if source else \
+            wrap_derived(tx, attr.__func__)
+    # a classmethod: `Cls.name` is a new bound method each time; its `__func__` is guarded
+    source = class_attr_source(tx, cls, name, None)
+    func_source = Attr(source, "__func__") if source else None
+    if func_source is not None:
+        tx.output.guards.id_match(func_source, attr.__func__, location=tx.location())
+    cls_vt = owner if isinstance(owner, ClassVT) else ClassVT(cls)
+    return BoundMethodVT(UserFunctionVT(attr.__func__, func_source), cls_vt)
 
 
 def _is_library_method(attr: Any) -> bool:
