@@ -30,7 +30,7 @@ from kiln.codegen.kernel import KernelSpec
 from kiln.runtime.disk_cache import DiskCache, cache_key, versions
 from kiln.runtime.launcher import Launcher, build_launchers
 
-__all__ = ["autotune", "benchmark_ms", "fingerprint"]
+__all__ = ["autotune", "benchmark_ms", "cached_choice", "fastest", "fingerprint"]
 
 log = logging.getLogger("kiln.runtime")
 
@@ -66,13 +66,13 @@ def autotune(candidates: Sequence[KernelSpec], make_args: Callable[[], list[torc
     prints = [fingerprint(c) for c in candidates]
     cache = DiskCache("autotune")
     disk_key = cache_key("autotune", key, prints, versions())
-    chosen = _cached_choice(cache.get(disk_key), prints)
+    chosen = cached_choice(cache.get(disk_key), prints)
     if chosen is not None:
         log.info("autotune %s: cached choice %d of %d", label, chosen, len(candidates))
         return candidates[chosen]
     timings, complete = _benchmark_all(candidates, make_args, budget_s, timer or benchmark_ms,
                                        label)
-    best = _fastest(timings)
+    best = fastest(timings)
     if best is None:
         log.warning("autotune %s: no candidate ran; using the first", label)
         return candidates[0]
@@ -87,20 +87,23 @@ def autotune(candidates: Sequence[KernelSpec], make_args: Callable[[], list[torc
     return candidates[best]
 
 
-def _cached_choice(payload: dict | None, prints: list[str]) -> int | None:
+def cached_choice(payload: dict | None, prints: list[str]) -> int | None:
+    """The index a disk-cache entry chose, when it names a candidate whose fingerprint is still
+    `prints[index]` (autotune's configs, gemm_tuning's library call and templates)."""
     if payload is None:
         return None
     choice = payload.get("choice")
-    if isinstance(choice, int) and 0 <= choice < len(prints) \
+    if isinstance(choice, int) and not isinstance(choice, bool) and 0 <= choice < len(prints) \
             and payload.get("fingerprint") == prints[choice]:
         return choice
     log.debug("autotune: ignoring a cached entry that matches no candidate")
     return None
 
 
-def _fastest(timings: list[float]) -> int | None:
+def fastest(timings: list[float]) -> int | None:
+    """The index of the smallest finite timing; ties: the earlier candidate (None: none)."""
     finite = [(t, i) for i, t in enumerate(timings) if math.isfinite(t)]
-    return min(finite)[1] if finite else None  # ties: the earlier candidate
+    return min(finite)[1] if finite else None
 
 
 def _benchmark_all(candidates: Sequence[KernelSpec], make_args: Callable[[], list],

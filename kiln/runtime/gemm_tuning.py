@@ -40,7 +40,7 @@ import torch
 from kiln.codegen.gemm_template import GemmConfig, emit_gemm, gemm_configs
 from kiln.codegen.triton_printer import CodegenError
 from kiln.config import config
-from kiln.runtime.autotune import fingerprint
+from kiln.runtime.autotune import cached_choice, fastest, fingerprint
 from kiln.runtime.disk_cache import DiskCache, cache_key, versions
 from kiln.schedule.gemm_epilogue import (GemmCandidate, GemmOperands, epilogue_signature,
                                          find_gemm_epilogues, fuse_gemm_epilogues)
@@ -151,7 +151,7 @@ class _Tuner:
         before this matmul or nothing ran. From the disk cache when it has the answer."""
         prints = [self._library_print(cand)] + [fingerprint(s) for _, s in templates]
         key = cache_key("gemm", prints, versions())
-        choice = _cached_choice(self.cache.get(key), prints)
+        choice = cached_choice(self.cache.get(key), prints)
         names = [LIBRARY] + [c.short() for c, _ in templates]
         if choice is not None:
             log.info("gemm %s: cached choice %s", label, names[choice])
@@ -161,7 +161,7 @@ class _Tuner:
                      self.budget_s)
             return None
         timings, complete = self._benchmark(cand, templates, f"{self.done}/{total} {label}")
-        choice = _fastest(timings)
+        choice = fastest(timings)  # ties: the library call (first)
         if choice is not None:
             self.cache.put(key, {"choice": choice, "fingerprint": prints[choice],
                                  "label": label, "complete": complete, "candidates": names,
@@ -279,22 +279,6 @@ def _time_one(timer: Timer, label: str, run: Callable[[], None]) -> float:
     except Exception as exc:  # out of resources, bad config: not a reason to fail the compile
         log.debug("gemm: %s failed: %s: %s", label, type(exc).__name__, exc)
         return math.inf
-
-
-def _cached_choice(payload: dict | None, prints: list[str]) -> int | None:
-    if payload is None:
-        return None
-    choice = payload.get("choice")
-    if isinstance(choice, int) and not isinstance(choice, bool) and 0 <= choice < len(prints) \
-            and payload.get("fingerprint") == prints[choice]:
-        return choice
-    log.debug("gemm: ignoring a cached entry that matches no candidate")
-    return None
-
-
-def _fastest(timings: list[float]) -> int | None:
-    finite = [(t, i) for i, t in enumerate(timings) if math.isfinite(t)]
-    return min(finite)[1] if finite else None  # ties: the earlier (the library call first)
 
 
 def _label(group: Any) -> str:
