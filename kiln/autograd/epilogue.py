@@ -155,7 +155,6 @@ def _storage_as(base: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     flat = base.as_strided((base.untyped_storage().nbytes() // base.element_size(),), (1,), 0)
     if flat.is_complex() and not dtype.is_complex:
         flat = torch.view_as_real(flat).flatten()
-    elif dtype.is_complex and not flat.is_complex() and \
-            flat.dtype == torch.empty((), dtype=dtype).real.dtype:
+    elif dtype.is_complex and flat.dtype == dtype.to_real():
         return torch.view_as_complex(flat.view(-1, 2))
     return flat if flat.dtype == dtype else flat.view(dtype)

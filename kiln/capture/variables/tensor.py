@@ -132,8 +132,7 @@ class TensorMethodVT(VT):
                             name, "keep the computation in tensors, or move it out of the "
                                   "function"))
         if name in _METADATA_METHODS:
-            fake_args = [to_graph_args(a)[1] for a in specialize_all(args)]
-            fake_kwargs = {k: to_graph_args(v)[1] for k, v in specialize_all(kwargs).items()}
+            fake_args, fake_kwargs = _fake_values(args, kwargs)
             result = getattr(self.tensor.fake, name)(*fake_args, **fake_kwargs)
             return metadata_vt(tx, self.tensor, name, (*fake_args, *fake_kwargs.values()),
                                result)
@@ -147,8 +146,8 @@ def _check_in_place_cast(op: str, target: Any, args: list[VT], kwargs: dict[str,
     (`tensor.logit_()`, `torch.Tensor.logit_(t)`, `torch.relu_(t)` on integers): eager raises
     there, and running it eagerly raises the same error."""
     name = target if op == "call_method" else getattr(target, "__name__", "")
-    if not (isinstance(name, str) and name.endswith("_") and args and
-            isinstance(args[0], TensorVT)):
+    if not (isinstance(name, str) and name.endswith("_") and not name.startswith("_") and args
+            and isinstance(args[0], TensorVT)):
         return
     if op == "call_function" and getattr(torch.Tensor, name, None) is not target and \
             getattr(torch, name, None) is not target:
@@ -168,12 +167,10 @@ def _in_place_result_uncastable(tensor: TensorVT, name: str, args: list[VT],
     would cast silently (torch.compile returns garbage there). Checked only where it can
     happen: an integer or bool tensor, or a complex argument."""
     dtype = tensor.fake.dtype
-    functional = getattr(torch.Tensor, name[:-1], None) if name.endswith("_") and \
-        not name.startswith("_") else None
+    functional = getattr(torch.Tensor, name[:-1], None)
     if functional is None or dtype.is_complex:
         return None
-    fake_args = [to_graph_args(a)[1] for a in specialize_all(args)]
-    fake_kwargs = {k: to_graph_args(v)[1] for k, v in specialize_all(kwargs).items()}
+    fake_args, fake_kwargs = _fake_values(args, kwargs)
     if dtype.is_floating_point and not any(
             isinstance(v, complex) or isinstance(v, torch.Tensor) and v.is_complex()
             for v in [*fake_args, *fake_kwargs.values()]):
@@ -185,6 +182,12 @@ def _in_place_result_uncastable(tensor: TensorVT, name: str, args: list[VT],
     if isinstance(result, torch.Tensor) and not torch.can_cast(result.dtype, dtype):
         return result.dtype
     return None
+
+
+def _fake_values(args: list[VT], kwargs: dict[str, VT]) -> tuple[list, dict]:
+    """The arguments as the fake computation takes them (numbers specialized)."""
+    return ([to_graph_args(a)[1] for a in specialize_all(args)],
+            {k: to_graph_args(v)[1] for k, v in specialize_all(kwargs).items()})
 
 
 def scalar_outputs(tx: Translator, tensor: TensorVT, name: str) -> VT:
