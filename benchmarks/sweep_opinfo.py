@@ -88,7 +88,7 @@ def make_function(op: Callable, sample, inplace: bool) -> tuple[Callable, list, 
 REFERENCE_INPUTS = False  # --reference: OpInfo's larger reference_inputs instead of sample_inputs
 
 
-def _sample(op, dtype: torch.dtype, index: int, train: bool):
+def _sample(op, dtype: torch.dtype, index: int):
     make = op.reference_inputs if REFERENCE_INPUTS else op.sample_inputs
     samples = list(make("cpu", dtype, requires_grad=False))
     if not samples:
@@ -137,7 +137,7 @@ def opinfo_cases(dtype: torch.dtype, sample_indices: list[int], inplace: bool,
 def _case(op, fn, name: str, dtype: torch.dtype, index: int, inplace: bool) -> Case | None:
     torch.manual_seed(0)
     try:
-        sample = _sample(op, dtype, index, False)
+        sample = _sample(op, dtype, index)
     except Exception:
         return None
     if sample is None:
@@ -148,10 +148,10 @@ def _case(op, fn, name: str, dtype: torch.dtype, index: int, inplace: bool) -> C
 
     def build():
         torch.manual_seed(0)
-        return make_function(fn, _sample(op, dtype, index, False), inplace)[0]
+        return make_function(fn, _sample(op, dtype, index), inplace)[0]
 
     def inputs():  # the same sample drawn under the runner's seed: fresh values
-        return tuple(make_function(fn, _sample(op, dtype, index, False), inplace)[1])
+        return tuple(make_function(fn, _sample(op, dtype, index), inplace)[1])
 
     train = op.supports_autograd and dtype.is_floating_point and not inplace
     case = Case(f"{name}#{index}", build, inputs, train=train, infer=True)
@@ -202,7 +202,7 @@ def _module_case(info, dtype: torch.dtype, index: int) -> Case | None:
     torch.manual_seed(0)
     sample = _module_samples(info, dtype)[index]
     kwargs = sample.forward_input.kwargs
-    if any(isinstance(v, torch.Tensor) for v in _leaves_of(kwargs)):
+    if any(isinstance(v, torch.Tensor) for v in sweep_foreign._leaves(kwargs)):
         return None
 
     def build():
@@ -221,7 +221,7 @@ def _module_case(info, dtype: torch.dtype, index: int) -> Case | None:
 
     try:
         module, args = build(), inputs()
-        if not any(isinstance(t, torch.Tensor) for t in _leaves_of(args)):
+        if not any(isinstance(t, torch.Tensor) for t in sweep_foreign._leaves(args)):
             return None
         train = not _module_draws_random_numbers(module, args)
     except Exception:
@@ -232,10 +232,6 @@ def _module_case(info, dtype: torch.dtype, index: int) -> Case | None:
 def _is_lazy(module: torch.nn.Module) -> bool:
     from torch.nn.modules.lazy import LazyModuleMixin
     return any(isinstance(m, LazyModuleMixin) for m in module.modules())
-
-
-def _leaves_of(value: Any) -> list:
-    return sweep_foreign._leaves(value)
 
 
 def _module_draws_random_numbers(module: torch.nn.Module, args: tuple) -> bool:
