@@ -10,7 +10,11 @@ Heuristic (`plan_split`): only sum/prod/max/min/any (argmax needs the index carr
 a reduction whose reads walk the reduction axis with a non-unit stride is an "outer" one, and
 codegen tiles `OUTER_TILE` columns per program, so it counts as `numel / OUTER_TILE` programs.
 Split when that is under `TARGET_PROGRAMS` and the axis holds at least two chunks of
-`MIN_CHUNK` rows; chunk counts divide `rnumel` exactly (no masked tail).
+`MIN_CHUNK` rows; chunk counts divide `rnumel` exactly (no masked tail). A row ("inner")
+reduction of at most `INNER_WHOLE_RNUMEL` elements is never split: one program walks such a row
+in a few microseconds, while a split adds a launch and a round trip through memory per
+reduction (a LayerNorm at batch 1 became five kernels instead of one; Inductor keeps rows up to
+8192 whole on this GPU class too).
 """
 from __future__ import annotations
 
@@ -25,12 +29,14 @@ from kiln.lower.ops import ops
 from kiln.schedule.plan import _unflat
 from kiln.schedule.graph_edit import node_deps
 
-__all__ = ["MIN_CHUNK", "TARGET_PROGRAMS", "plan_split", "split_reductions"]
+__all__ = ["INNER_WHOLE_RNUMEL", "MIN_CHUNK", "TARGET_PROGRAMS", "plan_split",
+           "split_reductions"]
 
 SPLITTABLE = ("sum", "prod", "max", "min", "any")
 TARGET_PROGRAMS = 1024
 MIN_CHUNK = 256
 OUTER_TILE = 32
+INNER_WHOLE_RNUMEL = 8192
 
 
 def _is_outer(node: ComputedBuffer) -> bool:
@@ -47,8 +53,11 @@ def plan_split(node: ComputedBuffer, target: int = TARGET_PROGRAMS,
     if not isinstance(data, Reduction) or data.reduction_type not in SPLITTABLE:
         return 1
     numel, rnumel = math.prod(data.ranges), math.prod(data.reduction_ranges)
-    programs = -(-numel // OUTER_TILE) if _is_outer(node) else numel
+    outer = _is_outer(node)
+    programs = -(-numel // OUTER_TILE) if outer else numel
     if programs >= target or rnumel < 2 * min_chunk:
+        return 1
+    if not outer and rnumel <= INNER_WHOLE_RNUMEL:
         return 1
     want = min(-(-target // programs), rnumel // min_chunk)
     for chunks in range(want, 1, -1):

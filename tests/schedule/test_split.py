@@ -9,7 +9,7 @@ from schedule_graphs import assert_runs_like_eager, assert_valid_order, lower_fn
 from kiln.lower.evaluate import run_ir
 from kiln.lower.ir import ComputedBuffer
 from kiln.schedule import schedule
-from kiln.schedule.split import MIN_CHUNK, TARGET_PROGRAMS, plan_split
+from kiln.schedule.split import INNER_WHOLE_RNUMEL, MIN_CHUNK, TARGET_PROGRAMS, plan_split
 
 
 def _schedule(fn, x):
@@ -36,7 +36,7 @@ def test_column_sum_is_split() -> None:
 
 def test_full_max_and_min_are_split() -> None:
     for fn in (lambda x: x.amax(), lambda x: x.amin()):
-        _, sched = _schedule(fn, torch.randn(64, 64))
+        _, sched = _schedule(fn, torch.randn(128, 256))
         assert list(sched.split.values())[0] > 1
 
 
@@ -54,9 +54,23 @@ def test_argmax_short_and_wide_reductions_stay_whole() -> None:
 
 
 def test_plan_reaches_the_program_target() -> None:
-    graph, _ = lower_fn(lambda x: x.sum(1), torch.randn(4, 8192))
+    graph, _ = lower_fn(lambda x: x.sum(1), torch.randn(4, 32768))
     (node,) = graph.computed
     chunks = plan_split(node)
     # as many chunks as the target asks for, unless chunks would drop under MIN_CHUNK rows
-    assert 8192 // chunks >= MIN_CHUNK
-    assert 4 * chunks >= TARGET_PROGRAMS or 8192 // (2 * chunks) < MIN_CHUNK
+    assert chunks > 1 and 32768 // chunks >= MIN_CHUNK
+    assert 4 * chunks >= TARGET_PROGRAMS or 32768 // (2 * chunks) < MIN_CHUNK
+
+
+def test_short_rows_stay_whole_at_few_outputs() -> None:
+    """A LayerNorm at batch 1 (128 rows of 1024) or a decode step's (1 row of 768): one program
+    per row is cheap, a split would add a kernel and a round trip per reduction."""
+    def layer_norm(x):
+        return torch.nn.functional.layer_norm(x, x.shape[-1:])
+
+    for x in (torch.randn(1, 128, 1024), torch.randn(1, 1, 768),
+              torch.randn(2, INNER_WHOLE_RNUMEL)):
+        _, sched = _schedule(layer_norm, x)
+        assert not sched.split, x.shape
+    _, sched = _schedule(lambda x: x.sum(), torch.randn(4 * INNER_WHOLE_RNUMEL))
+    assert sched.split  # a long row is still split
