@@ -13,7 +13,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from kiln.capture._compat import new_fake_mode  # one factory for every stage (capture's floor)
 from kiln.capture._compat import (SYM_SIZE, SYM_STORAGE_OFFSET, SYM_STRIDE, SYM_TYPES,
@@ -46,6 +46,7 @@ __all__ = [
     "has_composite_implicit_kernel",
     "is_fake",
     "new_fake_mode",
+    "one_hot_traces_range_checks",
     "original_view_tracking",
     "python_dispatcher",
     "schema",
@@ -219,3 +220,28 @@ SYMPY_CALLS: dict[type, Callable] = {
     _sympy_fns.Max: torch.sym_max,
     _sympy_fns.Min: torch.sym_min,
 }
+
+
+_ONE_HOT_CHECKS: list[bool] = []
+
+
+def one_hot_traces_range_checks() -> bool:
+    """Whether `F.one_hot` on fake tensors records its class range checks (`_assert_async`):
+    torch 2.13 does; 2.11 checks only real tensors, so a traced one_hot took a class out of
+    range silently (an all-zero row where eager raises). Probed once."""
+    if not _ONE_HOT_CHECKS:
+        seen: list[Any] = []
+
+        class _Watch(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                seen.append(func)
+                return func(*args, **(kwargs or {}))
+
+        # asked mid-trace: the probe must not run under (and record into) the tracer's modes
+        with _disable_current_modes(), new_fake_mode(allow_non_fake_inputs=False) as mode:
+            labels = mode.from_tensor(torch.zeros(2, dtype=torch.int64))
+            with python_dispatcher(), _Watch():  # as the tracer runs
+                torch.nn.functional.one_hot(labels, 3)
+        asserts = {torch.ops.aten._assert_async.default, torch.ops.aten._assert_async.msg}
+        _ONE_HOT_CHECKS.append(any(f in asserts for f in seen))
+    return _ONE_HOT_CHECKS[0]

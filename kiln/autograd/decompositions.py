@@ -189,6 +189,20 @@ def _multilabel_margin_loss(func: Callable, args: tuple, kwargs: dict) -> object
     return per_row.sum() / max(per_row.shape[0], 1)  # eager: 0 for an empty batch, not nan
 
 
+def _one_hot(func: Callable, args: tuple, kwargs: dict) -> object:
+    """F.one_hot with eager's class range checks where torch's trace drops them (torch 2.11
+    checks real tensors only: a class out of range became an all-zero row instead of eager's
+    RuntimeError). The checks are the `_assert_async.msg` ops torch 2.13 records itself."""
+    bound = {**dict(zip(("input", "num_classes"), args)), **kwargs}
+    labels, num_classes = bound["input"], bound.get("num_classes", -1)
+    if num_classes == -1 or labels.numel() == 0 or _compat.one_hot_traces_range_checks():
+        return func(*args, **kwargs)  # -1: eager reads the classes' max itself
+    torch._assert_async(torch.all(labels >= 0), "one_hot: Class values must be non-negative.")
+    torch._assert_async(torch.all(labels < num_classes),
+                        "one_hot: Class values must be smaller than num_classes.")
+    return func(*args, **kwargs)
+
+
 # torch functions whose traced form needs a fix, applied around the call while replaying the
 # captured graph (`trace._FunctionFixes`); keyed by the function object.
 FUNCTION_FIXES: dict[Callable, Callable] = {
@@ -196,6 +210,8 @@ FUNCTION_FIXES: dict[Callable, Callable] = {
     torch._C._VariableFunctions.lstm: _lstm_states_like_hx,
     torch.nn.functional.multilabel_margin_loss: _multilabel_margin_loss,
     torch._C._nn.multilabel_margin_loss: _multilabel_margin_loss,
+    torch.nn.functional.one_hot: _one_hot,
+    torch._C._nn.one_hot: _one_hot,
 }
 
 

@@ -29,10 +29,11 @@ from typing import Sequence
 
 from kiln.codegen.triton_printer import TV, CodegenError, TritonPrinter
 from kiln.lower.deps import DepsCollector, read_writes
-from kiln.lower.index import Expr, affine_form
+from kiln.lower.index import Expr, affine_form, as_expr
 from kiln.lower.ir import ComputedBuffer, loop_vars
 from kiln.lower.ops import use_handler
 from kiln.schedule import group_index
+from kiln.schedule.plan import row_start, spans_x_only
 
 __all__ = ["GroupBody", "group_accesses", "member_indices", "plan_passes", "print_group"]
 
@@ -40,8 +41,7 @@ __all__ = ["GroupBody", "group_accesses", "member_indices", "plan_passes", "prin
 def is_x_only(node: ComputedBuffer, group) -> bool:
     """A pointwise member of a reduction group that spans only the group's x (one value per
     reduced row), as opposed to x × r."""
-    return (not node.is_reduction and bool(group.r_ranges) and group.rnumel > 1
-            and math.prod(node.data.ranges) == group.numel)
+    return spans_x_only(node, group.x_ranges, group.r_ranges)
 
 
 def member_indices(node: ComputedBuffer, group, xvars: Sequence[Expr],
@@ -56,7 +56,7 @@ def member_indices(node: ComputedBuffer, group, xvars: Sequence[Expr],
                                f"x={list(group.x_ranges)} r={list(group.r_ranges)}")
         return group_index(node, xvars, rvars, group.x_ranges, group.r_ranges)
     if is_x_only(node, group):
-        return group_index(node, xvars, [], group.x_ranges, ())
+        return group_index(node, xvars, rvars, group.x_ranges, group.r_ranges)
     if size != group.numel * group.rnumel:
         raise CodegenError(f"{node.name}: pointwise over {list(data.ranges)} does not match its "
                            f"group's x={list(group.x_ranges)} r={list(group.r_ranges)}; "
@@ -156,6 +156,7 @@ class _Emitter:
         self.members = {n.name: n for n in group.nodes}
         self.stores = set(group.stores)
         self.capturing = 0
+        self.aliases: dict[str, str] = {}  # member -> the name its value is kept under now
         self.outer = _Scope([], {}, {})
         self.scope = self.outer
         printer.resolve_load = self.resolve_load
@@ -168,7 +169,12 @@ class _Emitter:
 
     def run_member(self, node: ComputedBuffer) -> None:
         index, rindex = member_indices(node, self.group, self.xvars, self.rvars)
-        node.body(index, rindex)
+        saved = self.printer.x_only
+        self.printer.x_only = is_x_only(node, self.group)
+        try:
+            node.body(index, rindex)
+        finally:
+            self.printer.x_only = saved
 
     # -- printer hooks -------------------------------------------------------------------------
 
@@ -180,6 +186,10 @@ class _Emitter:
             found = self._recompute(self.members[name])
         stored_at, value = found
         if not _same_index(stored_at, index):
+            node = self.members[name]
+            if not node.is_reduction and not is_x_only(node, self.group) and \
+                    _same_index(row_start(stored_at), index):
+                return self._at_row_start(node)
             raise CodegenError(
                 f"{self.group.name}: {name} is computed at index {stored_at} but read at "
                 f"{index}; registers cannot serve that read. hint: the scheduler must not fuse "
@@ -203,8 +213,35 @@ class _Emitter:
         assert found is not None
         return found
 
+    def _at_row_start(self, node: ComputedBuffer) -> TV:
+        """A pointwise x × r member's value at its row's first element (r = 0), recomputed from
+        its inputs as an x-only value: the pivot of a shifted mean (fusion's
+        `_reads_row_start`). Kept under its own name so the member's value at (x, r) stays."""
+        key = f"{node.name}@row_start"
+        found = self.scope.lookup(key)
+        if found is not None:
+            return found[1]
+        zeros = [as_expr(0)] * len(self.rvars)
+        index, rindex = member_indices(node, self.group, self.xvars, zeros)
+        saved = dict(self.scope.values) if self.printer.masks else None
+        x_only, self.printer.x_only = self.printer.x_only, True
+        self.aliases[node.name] = key
+        self.capturing += 1
+        try:
+            node.body(index, rindex)
+        finally:
+            self.capturing -= 1
+            del self.aliases[node.name]
+            self.printer.x_only = x_only
+        found = self.scope.lookup(key)
+        if saved is not None:  # computed under a mask: not valid outside it
+            self.scope.values.clear()
+            self.scope.values.update(saved)
+        assert found is not None
+        return found[1]
+
     def on_store(self, name: str, index: Expr, value: TV) -> bool:
-        self.scope.values[name] = (index, value)
+        self.scope.values[self.aliases.get(name, name)] = (index, value)
         return name in self.stores and not self.capturing
 
     # -- bodies --------------------------------------------------------------------------------

@@ -69,6 +69,11 @@ class TritonPrinter(OpsHandler):
         self.xmask: str | None = "xmask"  # None where XBLOCK divides numel (mask elided)
         self.rmask: str | None = "rmask"  # None where the tile covers r exactly
         self.wide = False  # int64 indices
+        # printing an x-only member of a reduction group (one value per row, `group.is_x_only`):
+        # its loads and index checks span x alone, masked by xmask only (between the r loops of
+        # a looped kernel rmask does not exist; inside a tile, an rmask would widen the value to
+        # [XBLOCK, RBLOCK] where its store writes [XBLOCK, 1])
+        self.x_only = False
         self.rnumel = 1
         self.eviction: str | None = None  # eviction policy of loads that use r
         # load(name, index) -> an in-register value (a fused producer's) or None for memory
@@ -153,7 +158,7 @@ class TritonPrinter(OpsHandler):
         parts = []
         if (x or ind) and self.xmask:
             parts.append(self.xmask)
-        if self.two_d and (r or ind) and self.rmask:
+        if self.two_d and not self.x_only and (r or ind) and self.rmask:
             parts.append(self.rmask)
         parts += [f"({m})" for m in self.masks]
         return " & ".join(parts) if parts else None
@@ -261,7 +266,7 @@ class TritonPrinter(OpsHandler):
         interpreted, an IndexError; lanes outside the masks loaded no index and are skipped."""
         ok = f"(0 <= {v}) & ({v} < {size})"
         parts = [self.xmask] if self.xmask else []
-        if self.two_d and self.rmask:
+        if self.two_d and not self.x_only and self.rmask:
             parts.append(self.rmask)
         parts += [f"({m})" for m in self.masks]
         if parts:

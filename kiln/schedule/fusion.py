@@ -8,9 +8,11 @@ changes; a pair fuses when `check` finds it legal:
 
 - iteration spaces agree: equal `numel` (pointwise), equal `(numel, rnumel)` (reductions), or a
   pointwise over `numel × rnumel` joining a reduction as prologue/epilogue (residual add +
-  LayerNorm's mean, var and normalize; softmax's max, sum and normalize);
+  LayerNorm's mean, var and normalize; softmax's max, sum and normalize), or a pointwise over
+  `numel` joining one (a value per reduced row: the mean and rstd a training LayerNorm saves);
 - every read of one member by another, mapped through `group_index`, equals the producer's
-  write (a reduction result read broadcast along r qualifies);
+  write (a reduction result read broadcast along r qualifies), or reads a pointwise producer at
+  its row's first element (the shifted-mean pivot; codegen recomputes the producer there);
 - no dependency path between them runs through another step (that would be a cycle, and when
   the step is an extern, a fusion across a library call);
 - the peak of live memory does not grow (steps are ordered by a stable topological sort);
@@ -29,7 +31,7 @@ from kiln.lower.index import size_hint
 from kiln.lower.deps import DepsCollector, ReadWrites
 from kiln.lower.ir import ComputedBuffer, ExternKernel, IRGraph, TensorArg, loop_vars
 from kiln.lower.ops import use_handler
-from kiln.schedule.plan import FusedGroup, FusionDecision, group_index
+from kiln.schedule.plan import FusedGroup, FusionDecision, group_index, row_start, spans_x_only
 from kiln.schedule.graph_edit import node_deps
 
 __all__ = ["MAX_GROUP_NODES", "fuse_nodes", "reduction_passes"]
@@ -87,7 +89,9 @@ def _merged_space(a: _Unit, b: _Unit) -> tuple | None:
     if ar and br:
         return (ax, ar) if (an, math.prod(ar)) == (bn, math.prod(br)) else None
     (rx, rr), pn = ((ax, ar), bn) if ar else ((bx, br), an)
-    return (rx, rr) if pn == math.prod(rx) * math.prod(rr) else None
+    # a pointwise over x × r (prologue/epilogue), or over x only (`spans_x_only`: one value per
+    # reduced row, e.g. a LayerNorm's mean or rstd output)
+    return (rx, rr) if pn in (math.prod(rx) * math.prod(rr), math.prod(rx)) else None
 
 
 def group_deps(node: ComputedBuffer, x_ranges: tuple, r_ranges: tuple,
@@ -121,10 +125,22 @@ def _index_mismatch(members: list[ComputedBuffer], space: tuple, cache: dict) ->
     for node in members:
         for dep in group_deps(node, *space, cache).reads:
             if dep.name in writes and dep.name != node.name and dep.index != writes[dep.name]:
+                if _reads_row_start(by_name[dep.name], dep.index, writes[dep.name], space):
+                    continue
                 how = "transposed" if _is_transposed(node, by_name[dep.name]) else \
                     f"at a different index ({dep.index} vs written {writes[dep.name]})"
                 return f"{node.name} reads {dep.name} {how}"
     return None
+
+
+def _reads_row_start(producer: ComputedBuffer, index, written, space: tuple) -> bool:
+    """A read of a pointwise x × r member at its row's first element (a LayerNorm's or
+    variance's shifted-mean pivot): codegen recomputes the producer there from its inputs
+    (`group._Emitter.resolve_load`), so the residual add + LayerNorm of a pre-norm block stays
+    one kernel even where the residual is realized."""
+    if producer.is_reduction or spans_x_only(producer, *space):
+        return False
+    return bool(space[1]) and index != written and index == row_start(written)
 
 
 def _is_transposed(consumer: ComputedBuffer, producer: ComputedBuffer) -> bool:

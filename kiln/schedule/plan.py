@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from kiln.lower.index import Expr, as_expr
 from kiln.lower.ir import ComputedBuffer, ExternKernel, IRGraph, Origin, Reduction, TensorArg
 
-__all__ = ["FusedGroup", "FusionDecision", "Schedule", "group_index"]
+__all__ = ["FusedGroup", "FusionDecision", "Schedule", "group_index", "row_start", "spans_x_only"]
 
 
 @dataclasses.dataclass(eq=False)
@@ -107,18 +107,40 @@ def _unflat(flat: Expr, ranges: Sequence[int]) -> list[Expr]:
     return out
 
 
+def spans_x_only(member: ComputedBuffer, x_ranges: Sequence[int],
+                 r_ranges: Sequence[int]) -> bool:
+    """Whether `member` is a pointwise step of a reduction group with one value per reduced row
+    (a LayerNorm's mean or rstd output, the shifted mean a variance reads, a cast of the reduced
+    value) rather than one per (row, r) element."""
+    if member.is_reduction or not r_ranges:
+        return False
+    rnumel = math.prod(r_ranges)
+    if isinstance(rnumel, int) and rnumel <= 1:
+        return False   # x × r is x itself: the ordinary pointwise mapping
+    return math.prod(member.data.ranges) == math.prod(x_ranges)
+
+
+def row_start(index: Expr) -> Expr:
+    """`index` (a member's write index in its group's loop variables) at r = 0: where a
+    variance's shifted mean reads its pivot, the first element of the row."""
+    return index.subs({s: 0 for s in index.free_symbols() if s.name.startswith("r")})
+
+
 def group_index(member: ComputedBuffer, xvars: Sequence[Expr], rvars: Sequence[Expr],
                 x_ranges: Sequence[int], r_ranges: Sequence[int]) -> tuple[list[Expr], list[Expr]]:
     """The member's `(index, rindex)` as expressions of the group's loop variables.
 
     A reduction member: its x loop flattens onto the group's x, its r loop onto the group's r.
     A pointwise member: its loop flattens onto (group x, group r) in row-major order, so a
-    pointwise step over [rows, cols] in a row-reduction group reads x = row, r = col. Exact
-    `Expr` simplification turns the div/mod of matching splits back into plain variables."""
+    pointwise step over [rows, cols] in a row-reduction group reads x = row, r = col; one that
+    spans only x (`spans_x_only`) flattens onto x. Exact `Expr` simplification turns the
+    div/mod of matching splits back into plain variables."""
     data = member.data
     gx = _flat(xvars, x_ranges)
     if isinstance(data, Reduction):
         gr = _flat(rvars, r_ranges)
         return _unflat(gx, data.ranges), _unflat(gr, data.reduction_ranges)
+    if spans_x_only(member, x_ranges, r_ranges):
+        return _unflat(gx, data.ranges), []
     flat = gx * math.prod(r_ranges) + _flat(rvars, r_ranges) if r_ranges else gx
     return _unflat(flat, data.ranges), []

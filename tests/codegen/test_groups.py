@@ -390,3 +390,53 @@ def test_row_per_warp_default_depends_on_row_length_and_streams():
     assert (pick(ln).XBLOCK, pick(ln).num_warps) == (4, 4)
     assert (pick(resid).XBLOCK, pick(resid).num_warps) == (1, 4)
     assert (pick(soft).XBLOCK, pick(soft).num_warps) == (4, 4)
+
+
+def _realized_residual_layer_norm(a, b, c, d, e, w):
+    h = a + b + c + d + e  # five loads and two readers: realized, not inlined into the norm
+    return h * 2, F.layer_norm(h, (h.shape[-1],), w)
+
+
+def _residual_inputs(dtype):
+    """Rows of 40; row 0 of every input constant, at values whose mean as sum / n rounds."""
+    xs = [torch.randn(3, 40, dtype=dtype) for _ in range(5)]
+    for x in xs:
+        x[0] = torch.randn(()).to(dtype) * 10
+    return xs + [torch.randn(40, dtype=dtype)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_realized_residual_and_its_layer_norm_share_a_kernel(dtype):
+    """The scheduler fuses a realized residual with the LayerNorm over it: the shifted mean's
+    pivot (the residual at r = 0) is recomputed from the inputs as an x-only value. Every
+    config matches eager, bf16 too, and a constant row normalizes to exactly 0 as eager's does
+    (a pivot off by a rounding would leave ~1e-3 there)."""
+    from kiln.schedule import schedule
+
+    inputs = _residual_inputs(dtype)
+    graph = _lower(_realized_residual_layer_norm, *inputs)
+    (group,) = schedule(graph).groups
+    tol = {} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
+    specs = _check_all(_realized_residual_layer_norm, graph, group, inputs,
+                       [LOOPED_MASKED, LOOPED_EXACT], **tol)
+    assert {s.kind for s in specs} == {"persistent_reduction", "looped_reduction"}
+    if dtype == torch.float32:  # (eager's own bf16 CPU norm is not exact on a constant row)
+        assert (_realized_residual_layer_norm(*inputs)[1][0] == 0).all()
+        for spec in specs:
+            got = _run(graph, group, inputs, spec.config)[0][1]
+            assert (got[0] == 0).all(), spec.config
+
+
+def test_training_layer_norm_mean_and_rstd_outputs_share_the_kernel():
+    """native_layer_norm's mean and rstd outputs (one value per row) join the reduction's
+    kernel in the scheduler: one kernel for the forward of a training LayerNorm."""
+    from kiln.schedule import schedule
+
+    def fn(x, w, b):
+        return torch.ops.aten.native_layer_norm(x, [x.shape[-1]], w, b, 1e-5)
+
+    x, w, b = torch.randn(6, 40), torch.randn(40), torch.randn(40)
+    graph = _lower(fn, x, w, b)
+    (group,) = schedule(graph).groups
+    specs = _check_all(fn, graph, group, [x, w, b], [LOOPED_MASKED], atol=1e-5, rtol=1e-4)
+    assert all(len(s.writes) == 3 for s in specs)
