@@ -39,7 +39,7 @@ from kiln.codegen.triton_build import cache_dir, compile_kernel
 from kiln.codegen.kernel import KernelSpec, grid_source
 from kiln.config import config
 from kiln.errors import KilnError
-from kiln.runtime import binaries
+from kiln.runtime import binaries, cross_compile
 from kiln.runtime.disk_cache import configure_triton_cache
 
 __all__ = ["Launcher", "SymbolicLauncher", "build_launchers", "check_kernel_devices", "compile_mode", "stage_timer"]
@@ -99,6 +99,8 @@ class Launcher:
         self.source = ""
         self._launch: Callable[..., Any] = (
             self._generic_launch if _interpreting() else self._bind_on_first_launch)
+        # KILN_CROSS_COMPILE (CPU runs): interpreted launches also compile for that GPU
+        self.cross_compile = bool(os.environ.get(cross_compile.ENV)) and _interpreting()
 
     def __repr__(self) -> str:
         route = "bound" if self.fast else "generic"
@@ -125,6 +127,9 @@ class Launcher:
 
     def _generic_launch(self, *tensors: torch.Tensor, stream: int | None = None) -> None:
         self._check_arity(tensors)
+        if self.cross_compile:
+            cross_compile.cross_compile(self.spec, [t.dtype for t in tensors], self.meta,
+                                        self.options)
         try:
             self.fn[self.grid](*(_storage(t) for t in tensors), **self.meta, **self.options)
         except Exception as exc:  # the interpreter wraps a bounds check's IndexError
@@ -220,6 +225,9 @@ class SymbolicLauncher(Launcher):
         self._check_arity(args)
         count = len(self.spec.args)
         tensors, sizes = args[:count], args[count:]
+        if self.cross_compile:
+            cross_compile.cross_compile(self.spec, [t.dtype for t in tensors], self.meta,
+                                        self.options)
         env = dict(zip(self.spec.size_args, (int(s) for s in sizes)))
         grid = tuple(int(g) for g in self.spec.grid(self.meta, env))
         try:

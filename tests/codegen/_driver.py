@@ -7,12 +7,14 @@ externs run through the reference runtime.
 """
 from __future__ import annotations
 
+import os
 from typing import Any, Sequence
 
 import torch
 
 from kiln.codegen import KernelSpec, emit_group
 from kiln.codegen.triton_build import compile_kernel
+from kiln.runtime import cross_compile
 from kiln.codegen.kernel import single_group
 from kiln.lower.evaluate import _new_storage, _run_node, run_ir
 from kiln.lower.ir import ComputedBuffer
@@ -25,6 +27,10 @@ def launch_spec(spec: KernelSpec, tensors: Sequence[torch.Tensor]) -> None:
     fn = compile_kernel(spec)
     flat = [torch.as_strided(t, (t.untyped_storage().nbytes() // t.element_size(),), (1,), 0)
             for t in tensors]
+    if cross_compile.target() is not None and os.environ.get("TRITON_INTERPRET") == "1":
+        options = {"num_warps": spec.num_warps, "num_stages": spec.num_stages,
+                   **spec.compile_options()}
+        cross_compile.cross_compile(spec, [t.dtype for t in tensors], spec.meta_dict, options)
     fn[spec.grid(spec.meta_dict)](*flat, **spec.launch_options())
 
 

@@ -182,6 +182,14 @@ def fn(x0, x1):
 """
 
 
+_BRANCH_ON_ROUNDING_3D = _BRANCH_ON_ROUNDING.replace("315707", "411446").replace(
+    "[make_tensor((1, 1), 'bool', 'contiguous', g, device),\n            "
+    "make_tensor((3,), 'float32', 'stepped', g, device)]",
+    "[make_tensor((1,), 'bool', 'contiguous', g, device), "
+    "make_tensor((3, 2, 2), 'float32', 'contiguous', g, device)]").replace(
+    "LayerNorm(3)", "LayerNorm(2)")
+
+
 def test_oracle_forgives_the_other_side_of_a_jump_only_where_rounding_decides_it():
     """Fuzz seed 315707: a LayerNorm's outputs sum to 0 up to rounding, so `t5.sum() > 0` goes
     either way; kiln's norm (rows reduced in another order) took the other branch. Eager on
@@ -198,6 +206,16 @@ def test_oracle_forgives_the_other_side_of_a_jump_only_where_rounding_decides_it
     decided = oracle._decided_by_rounding
     assert decided(_BRANCH_ON_ROUNDING, "cpu", ("output", 0), eager, other)
     assert not decided(_BRANCH_ON_ROUNDING, "cpu", ("output", 0), eager, other + 10)
+    # seed 411446's shape: input nudges never flip its branch, other roundings of the ops do
+    oracle._nudged_runs.cache_clear()
+    module = load_program(_BRANCH_ON_ROUNDING_3D)
+    module.make_globals("cpu")
+    x0, x1 = module.make_inputs("cpu")
+    assert x1.shape == (3, 2, 2)
+    norm = module.m4(x1).detach().double()
+    eager = module.fn(x0, x1)[0].detach().double()
+    other = norm - 1 if torch.equal(eager, norm * 2) else norm * 2
+    assert decided(_BRANCH_ON_ROUNDING_3D, "cpu", ("output", 0), eager, other)
     smooth = _RETURNS_INPUT
     (x0,) = load_program(smooth).make_inputs("cpu")
     sin = torch.sin(x0).double()

@@ -224,12 +224,14 @@ _NUDGES = 4
 
 
 def _decided_by_rounding(source: str, device: str, which: tuple[str, int], e64, k64) -> bool:
-    """Whether the program is discontinuous at these inputs within rounding: eager itself, on
-    inputs nudged by a few ulps, moves its value `which` by at least half of kiln's difference,
-    and by far more than a continuous program would (1000x the nudge). Then which side of the
-    jump a run lands on is decided by rounding, and eager's side is no more right than kiln's:
-    `if t.sum() > 0` over a LayerNorm's output, whose sum is 0 up to rounding (fuzz seeds
-    315707 and 326347). A program continuous at its inputs is never forgiven here."""
+    """Whether the program is discontinuous at these inputs within rounding: eager itself,
+    with its inputs nudged by a few ulps or every op's result rounded a little differently (as
+    a compiler that reorders a reduction does), moves its value `which` by at least half of
+    kiln's difference, and by far more than a continuous program would (1000x the nudge). Then
+    which side of the jump a run lands on is decided by rounding, and eager's side is no more
+    right than kiln's: `if t.sum() > 0` over a LayerNorm's output, whose sum is 0 up to
+    rounding (fuzz seeds 315707, 326347, 408551, 411446). A program continuous at its inputs
+    is never forgiven here."""
     runs = _nudged_runs(source, device)
     if not runs:
         return False
@@ -247,28 +249,67 @@ def _decided_by_rounding(source: str, device: str, which: tuple[str, int], e64, 
     return False
 
 
+class _RoundingNoise(torch.overrides.TorchFunctionMode):
+    """Multiplies every fresh floating result of a torch call by 1 +- `_NUDGE` of its dtype
+    (signs from `gen`): eager with other roundings. Views and in-place results (sharing an
+    argument's storage) are left alone, so the program's aliasing is unchanged."""
+
+    def __init__(self, gen: torch.Generator) -> None:
+        super().__init__()
+        self.gen = gen
+        self.nudge = 0.0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if isinstance(out, torch.Tensor) and out.dtype in _NUDGE and out.numel() \
+                and not _shares_storage(out, args, kwargs):
+            step = _NUDGE[out.dtype]
+            sign = torch.randint(0, 2, out.shape, generator=self.gen).to(out.device) * 2 - 1
+            with torch.no_grad():
+                out.mul_((1 + step * sign).to(out.dtype))
+            self.nudge = max(self.nudge, step)
+        return out
+
+
+def _shares_storage(out: torch.Tensor, args: tuple, kwargs: dict | None) -> bool:
+    ptr = out.untyped_storage().data_ptr()
+    values = list(args) + list((kwargs or {}).values())
+    flat = [v for a in values for v in (a if isinstance(a, (list, tuple)) else [a])]
+    return any(isinstance(v, torch.Tensor) and v.untyped_storage().data_ptr() == ptr
+               for v in flat)
+
+
 @functools.lru_cache(maxsize=2)
 def _nudged_runs(source: str, device: str) -> list[tuple[list, list, float]]:
-    """Eager runs of the program on its inputs nudged by a few ulps (each float element times
-    1 +- `_NUDGE`, signs from a fixed generator): (outputs, inputs after the call, nudge) as CPU
-    float64 values; runs that raise are left out."""
+    """Eager runs of the program with other roundings: inputs nudged by a few ulps (each
+    float element times 1 +- `_NUDGE`), and every op's result so nudged (`_RoundingNoise`),
+    signs from fixed generators: (outputs, inputs after the call, nudge) as CPU float64
+    values; runs that raise are left out."""
     runs = []
-    for k in range(_NUDGES):
+    for k in range(2 * _NUDGES):
         try:
             module = load_program(source, "kiln_fuzz_nudged")
             module.make_globals(device)
             gen = torch.Generator().manual_seed(1000 + k)
             inputs, nudge = [], 0.0
             for t in module.make_inputs(device):
-                if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype in _NUDGE:
+                if k < _NUDGES and isinstance(t, torch.Tensor) and t.dtype in _NUDGE:
                     step = _NUDGE[t.dtype]
                     sign = torch.randint(0, 2, t.shape, generator=gen).to(t.device) * 2 - 1
                     with torch.no_grad():
                         t.mul_((1 + step * sign).to(t.dtype))
                     nudge = max(nudge, step)
                 inputs.append(t)
-            out = module.fn(*inputs)
+            if k < _NUDGES:
+                out = module.fn(*inputs)
+            else:
+                noise = _RoundingNoise(gen)
+                with noise:
+                    out = module.fn(*inputs)
+                nudge = noise.nudge
         except Exception:
+            continue
+        if not nudge:
             continue
         out = list(out) if isinstance(out, (tuple, list)) else [out]
         as_ref = [v.detach().cpu().double() if isinstance(v, torch.Tensor) else None
