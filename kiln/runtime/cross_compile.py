@@ -38,11 +38,15 @@ _POINTEE = {
     torch.uint8: "u8", torch.bool: "i1",
 }
 
-compiled: set[tuple[str, tuple]] = set()
-
 
 class CrossCompileError(KilnError):
     """A generated kernel the real Triton compiler refuses for the cross-compile target."""
+
+
+compiled: set[tuple[str, tuple]] = set()
+# A tool that wants every refusal of a model (benchmarks/cross_compile_models.py) sets
+# `collect` to a list: refusals are appended there instead of raised.
+collect: list[CrossCompileError] | None = None
 
 
 def target() -> Any:
@@ -73,10 +77,13 @@ def cross_compile(spec: Any, dtypes: Sequence[torch.dtype], meta: dict, options:
            dict(meta), dict(options), gpu.arch)
     error = _worker().submit(job)
     if error:
-        raise CrossCompileError(
+        refusal = CrossCompileError(
             f"{spec.name} does not compile for {os.environ[ENV]} "
             f"(dtypes {[str(d).removeprefix('torch.') for d in dtypes]}): {error}",
             stage="codegen", hint="the interpreter ran it; the GPU compiler refuses it")
+        if collect is None:
+            raise refusal
+        collect.append(refusal)
     compiled.add(key)
     return True
 

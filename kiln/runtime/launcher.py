@@ -376,6 +376,10 @@ def build_launchers(specs: Sequence[KernelSpec], *, parallel: bool = True,
     launchers = [(SymbolicLauncher if getattr(spec, "size_args", ()) else Launcher)(
         spec, compile_kernel(spec)) for spec in specs]
     if _interpreting() or not torch.cuda.is_available():
+        for lc in launchers:  # KILN_CROSS_COMPILE: now, where the dtypes are known
+            sig = _arg_dtypes(lc.spec, dtypes) if lc.cross_compile else None
+            if sig is not None:
+                cross_compile.cross_compile(lc.spec, sig, lc.meta, lc.options)
         return launchers
     todo = [(lc, sig) for lc in launchers if getattr(lc, "bindable", True)
             and (sig := _arg_dtypes(lc.spec, dtypes)) is not None]
