@@ -116,6 +116,10 @@ class CompiledGraph:
         return [*args, *(_fetch(self.gm, name) for name in self.lifted)]
 
     def variant_for(self, args: list) -> Callable[[list], Any]:
+        if not torch.is_grad_enabled():  # inference calls (no_grad): skip the per-input scan
+            variant = self.variants.get((False, ()))
+            if variant is not None:
+                return variant
         # per input: no grad, a leaf that requires grad, or a non-leaf that does (written
         # through a clone when the graph writes it; see mutation.StandIns)
         requires = tuple(0 if not (isinstance(a, torch.Tensor) and a.requires_grad)

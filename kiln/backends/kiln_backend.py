@@ -101,6 +101,16 @@ def kiln_backend(gm: torch.fx.GraphModule, example_inputs: list, *, mode: str | 
     return per_size(compile_static, gm, list(example_inputs))
 
 
+def _offsets_check(offsets: list[tuple[int, int]]) -> Callable[[tuple], bool]:
+    """`check(args)`: whether every listed input sits at its offset, as one generated
+    expression (a Python loop over a model's dozens of inputs cost microseconds per call)."""
+    terms = " and ".join(f"args[{i}].storage_offset() == {o}" for i, o in offsets) or "True"
+    scope: dict[str, Any] = {}
+    exec(compile(f"def check(args):\n    return {terms}\n", "<kiln storage offsets>", "exec"),
+         scope)
+    return scope["check"]
+
+
 def guard_storage_offsets(compiled: Callable[..., Any], gm: torch.fx.GraphModule,
                           example_inputs: list) -> Callable[..., Any]:
     """`compiled`, for calls whose tensor inputs sit at the storage offsets of the examples.
@@ -112,16 +122,17 @@ def guard_storage_offsets(compiled: Callable[..., Any], gm: torch.fx.GraphModule
     per graph, instead of giving a wrong one."""
     offsets = [(i, t.storage_offset()) for i, t in enumerate(example_inputs)
                if isinstance(t, torch.Tensor)]
+    same_offsets = _offsets_check(offsets)
 
     def call(*args: Any) -> Any:
-        for i, offset in offsets:
-            if args[i].storage_offset() != offset:
-                warn_once(("kiln-storage-offset", id(gm)),
-                          f"kiln backend: input {i} of a compiled graph is at storage offset "
-                          f"{args[i].storage_offset()}, the graph was compiled for {offset}; "
-                          "calls like this run the graph as torch ops (eager)", log)
-                return gm(*args)
-        return compiled(*args)
+        if same_offsets(args):
+            return compiled(*args)
+        i, offset = next((i, o) for i, o in offsets if args[i].storage_offset() != o)
+        warn_once(("kiln-storage-offset", id(gm)),
+                  f"kiln backend: input {i} of a compiled graph is at storage offset "
+                  f"{args[i].storage_offset()}, the graph was compiled for {offset}; "
+                  "calls like this run the graph as torch ops (eager)", log)
+        return gm(*args)
 
     call.__dict__.update(getattr(compiled, "__dict__", {}))
     call.compiled = compiled  # the pipeline's object, for tools that inspect it

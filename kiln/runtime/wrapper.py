@@ -48,6 +48,7 @@ from kiln.runtime.symbolic import check_extents
 aten = torch.ops.aten
 empty_strided = torch.empty_strided
 as_strided = torch.as_strided
+from kiln.runtime._compat import library_view
 """
 
 
@@ -70,6 +71,8 @@ def fit_layout(t: torch.Tensor, size: tuple, stride: tuple, offset: int = 0) -> 
     seed without dropout, saved for its backward) stays None, as in eager autograd."""
     if t is None:
         return t
+    if t.stride() == stride and t.storage_offset() == offset and t.shape == size:
+        return t  # the usual case, without the per-dim scan below
     if t.shape == size and t.storage_offset() == offset and all(
             a == b for n, a, b in zip(size, t.stride(), stride) if n != 1):
         return t
@@ -262,7 +265,7 @@ class _Writer:
             self.globals[text] = f"device_{len(self.globals)}"
         return self.globals[text]
 
-    def _view(self, arg: TensorArg) -> str:
+    def _view(self, arg: TensorArg, make: str = "as_strided") -> str:
         arg = self._resolve(arg)
         lay = self._buf(arg.name).layout
         if (arg.size, arg.stride, arg.offset) == (lay.size, lay.stride, lay.offset) \
@@ -270,18 +273,25 @@ class _Writer:
             return arg.name
         if arg.dtype != lay.dtype:
             raise WrapperError(f"view {arg.render()} changes the dtype of {arg.name}")
-        return f"as_strided({arg.name}, {arg.size}, {arg.stride}, {arg.offset})"
+        if make == "library_view":
+            # its offset counts from the tensor's own (as_strided's from its storage's start);
+            # a buffer sits at its layout's offset (inputs: guarded per call)
+            if type(arg.offset) is int and type(lay.offset) is int:
+                return f"{make}({arg.name}, {arg.size}, {arg.stride}, {arg.offset - lay.offset})"
+            make = "as_strided"
+        return f"{make}({arg.name}, {arg.size}, {arg.stride}, {arg.offset})"
 
-    def _value(self, value: Any) -> str:
+    def _value(self, value: Any, make: str = "as_strided") -> str:
         if isinstance(value, TensorArg):
-            return self._view(value)
+            return self._view(value, make)
         if isinstance(value, list):
-            return "[" + ", ".join(self._value(v) for v in value) + "]"
+            return "[" + ", ".join(self._value(v, make) for v in value) + "]"
         if isinstance(value, tuple):
-            inner = ", ".join(self._value(v) for v in value)
+            inner = ", ".join(self._value(v, make) for v in value)
             return f"({inner},)" if len(value) == 1 else f"({inner})"
         if isinstance(value, dict):
-            return "{" + ", ".join(f"{k!r}: {self._value(v)}" for k, v in value.items()) + "}"
+            return "{" + ", ".join(f"{k!r}: {self._value(v, make)}"
+                                   for k, v in value.items()) + "}"
         return format_value(value)
 
     def _kernel_arg(self, name: str) -> str:
@@ -381,10 +391,14 @@ class _Writer:
         self.lines.append("")
         self._line(f"# {type(node).__name__.lower()} {node.kind} {_origins(node.origins)}")
         dense = node.kind in DENSE_LAST_DIM
+        # A library kernel (mm, conv, attention) only reads its arguments: their views are
+        # plain aliases (`library_view`, half of as_strided's cost per call). A fallback op may
+        # write or return its argument, so its views stay real views.
+        make = "as_strided" if isinstance(node, Fallback) else "library_view"
         names = [a.name for a in node.op._schema.arguments]
-        args = [self._extern_arg(a, dense, names[i] if i < len(names) else "")
+        args = [self._extern_arg(a, dense, names[i] if i < len(names) else "", make)
                 for i, a in enumerate(node.args)]
-        args += [f"{k}={self._extern_arg(v, dense, k)}" for k, v in node.kwargs.items()]
+        args += [f"{k}={self._extern_arg(v, dense, k, make)}" for k, v in node.kwargs.items()]
         call = f"{format_value(node.op)}({', '.join(args)})"
         targets = [o.name if isinstance(o, ExternOutput) and o.name not in self.dropped else "_"
                    for o in node.outputs]
@@ -401,8 +415,9 @@ class _Writer:
                 self._line(f"{out.name} = fit_layout({out.name}, {tuple(lay.size)}, "
                            f"{tuple(lay.stride)}, {lay.offset})")
 
-    def _extern_arg(self, value: Any, dense_last_dim: bool, name: str = "") -> str:
-        text = self._value(value)
+    def _extern_arg(self, value: Any, dense_last_dim: bool, name: str = "",
+                    make: str = "as_strided") -> str:
+        text = self._value(value, make)
         if dense_last_dim and isinstance(value, TensorArg) and value.size \
                 and value.size[-1] > 1 and value.stride[-1] != 1:
             text += ".contiguous()"  # the fused attention kernels misread a strided last dim

@@ -40,3 +40,23 @@ def test_training_graph_at_another_offset(device):
         lin.zero_grad()
         fn(base[i]).backward()
         torch.testing.assert_close(ours, lin.weight.grad)
+
+
+def test_library_call_views_of_an_input_at_an_offset(device, tmp_path, monkeypatch):
+    """A library kernel's argument views (`library_view`: offsets count from the tensor's own,
+    where as_strided's count from its storage's start) of inputs sitting inside a larger base:
+    a transposed slice feeding mm and a 3-D row block feeding bmm, compiled at that offset."""
+    def fn(a, w, q):
+        return (a.t() @ w).relu(), torch.bmm(q, q.transpose(1, 2)) * 2
+
+    base = torch.randn(64, 9, device=device)
+    qbase = torch.randn(7, 4, 6, device=device)
+    monkeypatch.setattr(kiln.config.config, "debug_dir", str(tmp_path))
+    compiled = kiln.compile(fn, backend="kiln")
+    for _ in range(2):
+        a, w, q = base[3:11], torch.randn(8, 5, device=device), qbase[2:5]
+        assert a.storage_offset() == 27 and q.storage_offset() == 48
+        for got, want in zip(compiled(a, w, q), fn(a, w, q)):
+            torch.testing.assert_close(got, want)
+    source = "\n".join(p.read_text() for p in tmp_path.glob("*/wrapper.py"))
+    assert "library_view(" in source
