@@ -1,0 +1,89 @@
+"""Host time of a compiled call with its kernel launches stubbed out, on the CPU (issue 17).
+
+  python benchmarks/host_path.py [--case seed_block|gpt2] [--profile]
+
+At batch 1 a GPU step costs about what its host path costs: dispatcher and guards, the
+autograd wrapper, the generated wrapper (views, allocations, library calls) and one launch per
+kernel. On a machine without a GPU this measures all of it but the launches: the model is
+compiled with the kiln backend (kernels built for Triton's interpreter), every `Launcher` call
+then returns at once, and calls are timed at a size where the CPU library calls are cheap.
+Eager at the same size is printed beside it for scale (its time includes its CPU kernels).
+Medians of 7 x 2000 calls, no_grad. `--profile` adds the top functions by own time.
+
+It is a proxy: on the GPU machine allocations and library calls cost more (CUDA caching
+allocator, cuBLAS setup) and each launch adds ~3-5 us; `gpu_round.sh latency` measures the real
+thing. Use it to find and check host-side cuts between GPU sessions.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import torch  # noqa: E402
+
+import kiln  # noqa: E402
+from kiln.config import config  # noqa: E402
+from kiln.runtime import launcher  # noqa: E402
+
+
+def build(case: str) -> tuple[torch.nn.Module, tuple]:
+    torch.manual_seed(0)
+    if case == "seed_block":
+        from kiln.tools.seed_model import TransformerBlock
+        return TransformerBlock(64, 4).eval(), (torch.randn(1, 8, 64),)
+    if case == "gpt2":
+        import transformers
+        cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=100)
+        cfg.use_cache = False
+        return transformers.GPT2LMHeadModel(cfg).eval(), (torch.randint(0, 100, (1, 8)),)
+    raise SystemExit(f"unknown case {case!r}: seed_block or gpt2")
+
+
+def per_call_us(fn, inputs: tuple, calls: int = 2000) -> float:
+    for _ in range(200):
+        fn(*inputs)
+    runs = []
+    for _ in range(7):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn(*inputs)
+        runs.append((time.perf_counter() - start) / calls * 1e6)
+    return statistics.median(runs)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--case", default="seed_block")
+    parser.add_argument("--profile", action="store_true")
+    args = parser.parse_args()
+    config.cpu_codegen = "triton_interpret"
+    model, inputs = build(args.case)
+    compiled = kiln.compile(model, backend="kiln")
+    with torch.no_grad():
+        compiled(*inputs)  # compile, and one real (interpreted) run
+        launcher.Launcher.__call__ = lambda self, *a, **k: None  # launches cost nothing now
+        eager, ours = per_call_us(model, inputs), per_call_us(compiled, inputs)
+        print(f"{args.case}: eager {eager:.1f} us per call (CPU kernels included), kiln host "
+              f"path without launches {ours:.1f} us")
+        if args.profile:
+            import cProfile
+            import pstats
+            profile = cProfile.Profile()
+            profile.enable()
+            for _ in range(3000):
+                compiled(*inputs)
+            profile.disable()
+            pstats.Stats(profile).sort_stats("tottime").print_stats(15)
+
+
+if __name__ == "__main__":
+    main()
