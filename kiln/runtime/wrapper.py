@@ -48,7 +48,6 @@ from kiln.runtime.symbolic import check_extents
 aten = torch.ops.aten
 empty_strided = torch.empty_strided
 as_strided = torch.as_strided
-from kiln.runtime._compat import library_view
 """
 
 
@@ -265,7 +264,7 @@ class _Writer:
             self.globals[text] = f"device_{len(self.globals)}"
         return self.globals[text]
 
-    def _view(self, arg: TensorArg, make: str = "as_strided") -> str:
+    def _view(self, arg: TensorArg) -> str:
         arg = self._resolve(arg)
         lay = self._buf(arg.name).layout
         if (arg.size, arg.stride, arg.offset) == (lay.size, lay.stride, lay.offset) \
@@ -273,25 +272,18 @@ class _Writer:
             return arg.name
         if arg.dtype != lay.dtype:
             raise WrapperError(f"view {arg.render()} changes the dtype of {arg.name}")
-        if make == "library_view":
-            # its offset counts from the tensor's own (as_strided's from its storage's start);
-            # a buffer sits at its layout's offset (inputs: guarded per call)
-            if type(arg.offset) is int and type(lay.offset) is int:
-                return f"{make}({arg.name}, {arg.size}, {arg.stride}, {arg.offset - lay.offset})"
-            make = "as_strided"
-        return f"{make}({arg.name}, {arg.size}, {arg.stride}, {arg.offset})"
+        return f"as_strided({arg.name}, {arg.size}, {arg.stride}, {arg.offset})"
 
-    def _value(self, value: Any, make: str = "as_strided") -> str:
+    def _value(self, value: Any) -> str:
         if isinstance(value, TensorArg):
-            return self._view(value, make)
+            return self._view(value)
         if isinstance(value, list):
-            return "[" + ", ".join(self._value(v, make) for v in value) + "]"
+            return "[" + ", ".join(self._value(v) for v in value) + "]"
         if isinstance(value, tuple):
-            inner = ", ".join(self._value(v, make) for v in value)
+            inner = ", ".join(self._value(v) for v in value)
             return f"({inner},)" if len(value) == 1 else f"({inner})"
         if isinstance(value, dict):
-            return "{" + ", ".join(f"{k!r}: {self._value(v, make)}"
-                                   for k, v in value.items()) + "}"
+            return "{" + ", ".join(f"{k!r}: {self._value(v)}" for k, v in value.items()) + "}"
         return format_value(value)
 
     def _kernel_arg(self, name: str) -> str:
@@ -391,14 +383,10 @@ class _Writer:
         self.lines.append("")
         self._line(f"# {type(node).__name__.lower()} {node.kind} {_origins(node.origins)}")
         dense = node.kind in DENSE_LAST_DIM
-        # A library kernel (mm, conv, attention) only reads its arguments: their views are
-        # plain aliases (`library_view`, half of as_strided's cost per call). A fallback op may
-        # write or return its argument, so its views stay real views.
-        make = "as_strided" if isinstance(node, Fallback) else "library_view"
         names = [a.name for a in node.op._schema.arguments]
-        args = [self._extern_arg(a, dense, names[i] if i < len(names) else "", make)
+        args = [self._extern_arg(a, dense, names[i] if i < len(names) else "")
                 for i, a in enumerate(node.args)]
-        args += [f"{k}={self._extern_arg(v, dense, k, make)}" for k, v in node.kwargs.items()]
+        args += [f"{k}={self._extern_arg(v, dense, k)}" for k, v in node.kwargs.items()]
         call = f"{format_value(node.op)}({', '.join(args)})"
         targets = [o.name if isinstance(o, ExternOutput) and o.name not in self.dropped else "_"
                    for o in node.outputs]
@@ -415,9 +403,8 @@ class _Writer:
                 self._line(f"{out.name} = fit_layout({out.name}, {tuple(lay.size)}, "
                            f"{tuple(lay.stride)}, {lay.offset})")
 
-    def _extern_arg(self, value: Any, dense_last_dim: bool, name: str = "",
-                    make: str = "as_strided") -> str:
-        text = self._value(value, make)
+    def _extern_arg(self, value: Any, dense_last_dim: bool, name: str = "") -> str:
+        text = self._value(value)
         if dense_last_dim and isinstance(value, TensorArg) and value.size \
                 and value.size[-1] > 1 and value.stride[-1] != 1:
             text += ".contiguous()"  # the fused attention kernels misread a strided last dim
