@@ -200,14 +200,20 @@ class _Emitter:
         if node.is_reduction:
             raise CodegenError(f"{self.group.name}: {node.name} is read before its reduction "
                                "finished (members out of order?)")
+        return self._captured(node.name, lambda: self.run_member(node))
+
+    def _captured(self, key: str, run) -> tuple[Expr, TV]:
+        """Run a member's body for its value only (no store to memory) and return what it left
+        under `key`; values computed under a mask are not valid outside it, so they are
+        forgotten afterwards."""
         saved = dict(self.scope.values) if self.printer.masks else None
         self.capturing += 1
         try:
-            self.run_member(node)
+            run()
         finally:
             self.capturing -= 1
-        found = self.scope.lookup(node.name)
-        if saved is not None:  # computed under a mask: not valid outside it
+        found = self.scope.lookup(key)
+        if saved is not None:
             self.scope.values.clear()
             self.scope.values.update(saved)
         assert found is not None
@@ -223,22 +229,17 @@ class _Emitter:
             return found[1]
         zeros = [as_expr(0)] * len(self.rvars)
         index, rindex = member_indices(node, self.group, self.xvars, zeros)
-        saved = dict(self.scope.values) if self.printer.masks else None
-        x_only, self.printer.x_only = self.printer.x_only, True
-        self.aliases[node.name] = key
-        self.capturing += 1
-        try:
-            node.body(index, rindex)
-        finally:
-            self.capturing -= 1
-            del self.aliases[node.name]
-            self.printer.x_only = x_only
-        found = self.scope.lookup(key)
-        if saved is not None:  # computed under a mask: not valid outside it
-            self.scope.values.clear()
-            self.scope.values.update(saved)
-        assert found is not None
-        return found[1]
+
+        def run() -> None:
+            x_only, self.printer.x_only = self.printer.x_only, True
+            self.aliases[node.name] = key
+            try:
+                node.body(index, rindex)
+            finally:
+                del self.aliases[node.name]
+                self.printer.x_only = x_only
+
+        return self._captured(key, run)[1]
 
     def on_store(self, name: str, index: Expr, value: TV) -> bool:
         self.scope.values[self.aliases.get(name, name)] = (index, value)
