@@ -31,7 +31,7 @@ import torch
 
 from kiln.codegen.kernel import KernelSpec, emit_kernel
 
-__all__ = ["cache_dir", "compile_kernel", "launch", "run_graph"]
+__all__ = ["cache_dir", "compile_kernel", "launch", "run_graph", "source_path"]
 
 log = logging.getLogger("kiln.codegen")
 
@@ -51,6 +51,11 @@ def cache_dir() -> Path:
     out = cache_root() / "kernels"
     make_private_dir(out)
     return out
+
+
+def source_path(spec: Any) -> Path:
+    """Where `spec`'s source is written (readers, tracebacks, error hints)."""
+    return cache_dir() / f"{spec.name}_{spec.key}.py"
 
 
 def compile_kernel(spec: KernelSpec) -> Any:
@@ -75,7 +80,7 @@ def _import_kernel(spec: KernelSpec) -> Any:
     if not spec.name.isidentifier():  # it names a file and a module
         raise ValueError(f"kernel names are identifiers, got {spec.name!r}")
     key = spec.key
-    path = cache_dir() / f"{spec.name}_{key}.py"
+    path = source_path(spec)
     _write_source(path, spec.source)
     mod_name = f"kiln_codegen_{spec.name}_{key}"
     filename = str(path)

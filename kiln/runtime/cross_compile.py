@@ -15,7 +15,8 @@ kernel and carrying Triton's message. Memory faults and numerics still need the 
 
 Each (kernel, dtypes) pair compiles once per process (`compiled`), in one worker process
 started without TRITON_INTERPRET (here `triton.language` was imported interpreted: its library
-functions are not compilable), where the kernel module runs again as a GPU run imports it.
+functions are not compilable), where `triton_build.compile_kernel` imports the kernel module
+again as a GPU run does.
 """
 from __future__ import annotations
 
@@ -73,8 +74,8 @@ def cross_compile(spec: Any, dtypes: Sequence[torch.dtype], meta: dict, options:
     if gpu is None or key in compiled or not all(d in _POINTEE for d in dtypes):
         return False  # (complex and float8 buffers never reach generated kernels)
     pointers = {name: "*" + _POINTEE[d] for name, d in zip(spec.arg_names, dtypes)}
-    job = (spec.source, spec.name, str(_source_file(spec)), pointers, tuple(spec.size_args),
-           dict(meta), dict(options), gpu.arch)
+    job = (spec.source, spec.name, spec.key, pointers, tuple(spec.size_args), dict(meta),
+           dict(options), gpu.arch)
     error = _worker().submit(job)
     if error:
         refusal = CrossCompileError(
@@ -86,12 +87,6 @@ def cross_compile(spec: Any, dtypes: Sequence[torch.dtype], meta: dict, options:
         collect.append(refusal)
     compiled.add(key)
     return True
-
-
-def _source_file(spec: Any) -> Any:
-    from kiln.codegen import triton_build
-
-    return triton_build.cache_dir() / f"{spec.name}_{spec.key}.py"
 
 
 _workers: list[Any] = []
@@ -144,23 +139,18 @@ def _receive(stream: Any) -> Any:
 
 
 def _compile_job(job: tuple) -> str:
-    """In the worker: run the kernel module, compile its function as a launch of these
-    pointers would (16-byte aligned; sizes int32, unspecialized); "" or the error text."""
-    source, name, filename, pointers, size_args, meta, options, arch = job
-    import linecache
-    import sys
-
+    """In the worker: import the kernel as a GPU run does (`triton_build.compile_kernel`, here
+    without TRITON_INTERPRET) and compile it as a launch of these pointers would (16-byte
+    aligned; sizes int32, unspecialized); "" or the error text."""
+    source, name, key, pointers, size_args, meta, options, arch = job
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    module = types.ModuleType(f"kiln_cross_{name}")
-    module.__file__ = filename
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    sys.modules[module.__name__] = module  # triton resolves globals through the module
+    from kiln.codegen.triton_build import compile_kernel
+
     try:
-        exec(compile(source, filename, "exec"), module.__dict__)
-        fn = getattr(module, name)
+        fn = compile_kernel(types.SimpleNamespace(source=source, name=name, key=key))
         signature, constexprs, attrs = {}, {}, {}
         for i, param in enumerate(fn.arg_names):
             if param in meta:
@@ -176,8 +166,6 @@ def _compile_job(job: tuple) -> str:
                        target=GPUTarget("cuda", arch, 32), options=options)
     except Exception as exc:  # Triton's CompilationError and the backends' RuntimeErrors
         return f"{type(exc).__name__}: {exc}"
-    finally:
-        sys.modules.pop(module.__name__, None)
     return ""
 
 

@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 
-from kiln.codegen.triton_build import cache_dir, compile_kernel
+from kiln.codegen.triton_build import compile_kernel, source_path
 from kiln.codegen.kernel import KernelSpec, grid_source
 from kiln.config import config
 from kiln.errors import KilnError
@@ -402,7 +402,7 @@ def build_launchers(specs: Sequence[KernelSpec], *, parallel: bool = True,
 
 
 def _compile_error(lc: Launcher, exc: BaseException) -> KilnError:
-    path = cache_dir() / f"{lc.spec.name}_{lc.spec.key}.py"
+    path = source_path(lc.spec)
     return KilnError(f"compiling kernel {lc.name} failed: {type(exc).__name__}: {exc}",
                      stage="runtime", hint=f"the kernel source is {path}")
 
