@@ -263,12 +263,18 @@ class _RoundingNoise(torch.overrides.TorchFunctionMode):
         out = func(*args, **(kwargs or {}))
         if isinstance(out, torch.Tensor) and out.dtype in _NUDGE and out.numel() \
                 and not _shares_storage(out, args, kwargs):
-            step = _NUDGE[out.dtype]
-            sign = torch.randint(0, 2, out.shape, generator=self.gen).to(out.device) * 2 - 1
-            with torch.no_grad():
-                out.mul_((1 + step * sign).to(out.dtype))
-            self.nudge = max(self.nudge, step)
+            self.nudge = max(self.nudge, _nudge_(out, self.gen))
         return out
+
+
+def _nudge_(t: torch.Tensor, gen: torch.Generator) -> float:
+    """Multiply each element of `t` by 1 +- `_NUDGE` of its dtype (signs from `gen`), in
+    place; the nudge."""
+    step = _NUDGE[t.dtype]
+    sign = torch.randint(0, 2, t.shape, generator=gen).to(t.device) * 2 - 1
+    with torch.no_grad():
+        t.mul_((1 + step * sign).to(t.dtype))
+    return step
 
 
 def _shares_storage(out: torch.Tensor, args: tuple, kwargs: dict | None) -> bool:
@@ -294,11 +300,7 @@ def _nudged_runs(source: str, device: str) -> list[tuple[list, list, float]]:
             inputs, nudge = [], 0.0
             for t in module.make_inputs(device):
                 if k < _NUDGES and isinstance(t, torch.Tensor) and t.dtype in _NUDGE:
-                    step = _NUDGE[t.dtype]
-                    sign = torch.randint(0, 2, t.shape, generator=gen).to(t.device) * 2 - 1
-                    with torch.no_grad():
-                        t.mul_((1 + step * sign).to(t.dtype))
-                    nudge = max(nudge, step)
+                    nudge = max(nudge, _nudge_(t, gen))
                 inputs.append(t)
             if k < _NUDGES:
                 out = module.fn(*inputs)
@@ -312,10 +314,7 @@ def _nudged_runs(source: str, device: str) -> list[tuple[list, list, float]]:
         if not nudge:
             continue
         out = list(out) if isinstance(out, (tuple, list)) else [out]
-        as_ref = [v.detach().cpu().double() if isinstance(v, torch.Tensor) else None
-                  for v in out]
-        runs.append((as_ref, [v.detach().cpu().double() if isinstance(v, torch.Tensor) else None
-                              for v in inputs], nudge))
+        runs.append(([_as_ref(o) for o in out], [_as_ref(t) for t in inputs], nudge))
     return runs
 
 
@@ -338,11 +337,12 @@ def _reference_run(source: str, device: str) -> tuple[list, list] | None:
     except Exception:
         return None
     out = list(out) if isinstance(out, (tuple, list)) else [out]
+    return [_as_ref(o) for o in out], [_as_ref(t) for t in inputs]
 
-    def as_ref(value: Any) -> torch.Tensor | None:
-        return value.detach().cpu().double() if isinstance(value, torch.Tensor) else None
 
-    return [as_ref(o) for o in out], [as_ref(t) for t in inputs]
+def _as_ref(value: Any) -> torch.Tensor | None:
+    """A result as a CPU float64 tensor to compare against (None for a non-tensor value)."""
+    return value.detach().cpu().double() if isinstance(value, torch.Tensor) else None
 
 
 def _storage(t) -> int | None:
