@@ -29,6 +29,9 @@ if TEST_DEVICE == "cuda" and not _CUDA:
 if TEST_DEVICE == "cpu":
     # CPU runs Triton kernels in its interpreter; set before triton loads.
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# A CUDA run compiles Triton for the GPU, so the interpreter is off for the whole process: CPU
+# tensors there run through cpu_codegen's default (eager), as on a user's GPU machine.
+INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
 
 from kiln import logs  # noqa: E402
 from kiln.config import config  # noqa: E402
@@ -88,9 +91,11 @@ def _restore_kiln_state(request):
 def generated_kernels(tmp_path, monkeypatch):
     """The kiln backend's generated kernels in this test (Triton interpreted on the CPU), with
     a private cache folder, and a backend failure failing the test instead of running eagerly.
-    Modules use it with `pytestmark = pytest.mark.usefixtures("generated_kernels")`."""
+    Modules use it with `pytestmark = pytest.mark.usefixtures("generated_kernels")`. In a CUDA
+    run CUDA tensors get real kernels and CPU tensors the default CPU codegen (no interpreter)."""
     monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))
-    config.cpu_codegen = "triton_interpret"
+    if INTERPRETER:
+        config.cpu_codegen = "triton_interpret"
     config.suppress_errors = False
 
 

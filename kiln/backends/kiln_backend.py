@@ -17,6 +17,9 @@ A graph with data-dependent sizes (`nonzero`, `item()` captured with kiln.config
 flags: unbacked symbols) runs as torch ops, logged once at INFO: nothing below capture follows
 such sizes, and neither per-size compiles nor the warm start may key on input sizes for it.
 
+A graph that computes on CPU tensors beside CUDA inputs (`x.cpu()` then work on it) runs as torch
+ops outside the interpreter (logged once at INFO): compiled Triton reads every pointer on the GPU.
+
 Inputs the code generator does not handle (complex or other dtypes outside `SUPPORTED_DTYPES`,
 devices other than CUDA and CPU, sparse tensors) make that graph run as torch ops, with one
 warning per kind of input.
@@ -86,6 +89,15 @@ def kiln_backend(gm: torch.fx.GraphModule, example_inputs: list, *, mode: str | 
         return gm
     if _on_cpu(example_inputs):
         _check_interpreter()
+    elif os.environ.get("TRITON_INTERPRET") != "1" and _computes_on_cpu(gm):
+        # compiled Triton dereferences every pointer on the GPU; the CPU part of a mixed graph
+        # has no code generator outside the interpreter, so the graph runs as torch ops
+        _note_not_graphed(opts, "part of it computes on CPU tensors")
+        info_once("kiln-mixed-devices",
+                  "kiln backend: a graph computes on CPU tensors beside CUDA ones (`.cpu()`, a "
+                  "tensor made without device=), so it runs as torch ops; keep the work on one "
+                  "device to get generated kernels", log)
+        return gm
 
     def compiling(symbolic: bool) -> Callable[[torch.fx.GraphModule, list], Callable[..., Any]]:
         def compile_one(graph: torch.fx.GraphModule, inputs: list) -> Callable[..., Any]:
@@ -283,6 +295,23 @@ def _tensors(example_inputs: list) -> list[torch.Tensor]:
 
 def _on_cpu(example_inputs: list) -> bool:
     return all(t.device.type == "cpu" for t in _tensors(example_inputs))
+
+
+# moves between devices, not work on them: `x.cpu()` alone needs no CPU kernel
+_DEVICE_MOVES = ("cpu", "to", "cuda", torch.Tensor.cpu, torch.Tensor.to, torch.Tensor.cuda)
+
+
+def _computes_on_cpu(gm: torch.fx.GraphModule) -> bool:
+    """Whether an operation in the graph makes a CPU tensor (kernels would run on CPU buffers).
+    0-dim CPU tensors are scalars to CUDA kernels, read on the host."""
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "output", "get_attr") or node.target in _DEVICE_MOVES:
+            continue
+        vals = node.meta.get("val")
+        for val in vals if isinstance(vals, (tuple, list)) else (vals,):
+            if isinstance(val, torch.Tensor) and val.device.type == "cpu" and val.dim() > 0:
+                return True
+    return False
 
 
 def _inference_path(example_inputs: list) -> bool:

@@ -67,6 +67,41 @@ def test_cpu_default_returns_the_captured_graph():
     torch.testing.assert_close(compiled(x, y), torch.tanh(x) @ y)
 
 
+def _captured(fn, *args) -> torch.fx.GraphModule:
+    import kiln
+    graphs = []
+    kiln.compile(fn, backend=lambda gm, inputs: graphs.append(gm) or gm)(*args)
+    return graphs[0]
+
+
+@pytest.mark.explicit_device  # CPU tensors in both runs (arange makes them on the test device)
+def test_work_on_cpu_tensors_is_found_and_moves_are_not():
+    from kiln.backends.kiln_backend import _computes_on_cpu
+    x = torch.randn(4, 3)
+    assert _computes_on_cpu(_captured(lambda t: t.cpu() * 2, x))
+    assert _computes_on_cpu(_captured(lambda t: t + torch.arange(3), x))
+    assert not _computes_on_cpu(_captured(lambda t: (t.cpu(), t.to("cpu", torch.float64)), x))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cpu_codegen", ["eager", "triton_interpret"])
+def test_a_graph_with_cpu_work_beside_cuda_inputs_runs_as_torch_ops(cpu_codegen, caplog):
+    """`torch.histogramdd(x.cpu())` in a CUDA function: compiled Triton cannot run the CPU part
+    (it read CPU pointers as device memory), so the graph runs as torch ops and says so."""
+    import kiln
+    config.cpu_codegen, config.suppress_errors = cpu_codegen, False
+
+    def fn(x):
+        hist, edges = torch.histogramdd(x.cpu(), (2, 3), density=False)
+        return hist * 2, [e + 1 for e in edges], x.sin()
+
+    x = torch.randn(6, 2, device="cuda")
+    with caplog.at_level("INFO", logger="kiln.backends"):
+        got = kiln.compile(fn, backend="kiln")(x)
+    torch.testing.assert_close(got, fn(x))
+    assert "computes on CPU tensors" in caplog.text
+
+
 def test_a_failing_joint_attention_rewrite_falls_back_to_compiling_without_it(monkeypatch,
                                                                              caplog, device):
     """The joint-graph attention rewrite must never cost the graph: if compiling with it fails,

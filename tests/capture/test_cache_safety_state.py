@@ -592,14 +592,8 @@ def test_kwargs_order_of_named_parameters_reuses_the_entry(backend):
 # --- the kiln backend: generated kernels index storage, so layout is part of the graph -----------
 
 @pytest.fixture
-def kiln_backend():
-    from kiln.config import config
-    saved = config.cpu_codegen
-    config.cpu_codegen = "triton_interpret"
-    try:
-        yield Counting("kiln")
-    finally:
-        config.cpu_codegen = saved
+def kiln_backend(generated_kernels):
+    return Counting("kiln")
 
 
 def test_kiln_backend_layout_offset_and_aliasing(kiln_backend):

@@ -89,16 +89,6 @@ def test_a_reduction_over_an_empty_dim_reduces_the_identity_once():
 
 # -- compiled vs eager ----------------------------------------------------------------------------
 
-@pytest.fixture
-def generated_kernels(tmp_path, monkeypatch):
-    pytest.importorskip("triton")
-    from kiln.config import config
-
-    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))
-    config.cpu_codegen = "triton_interpret"
-    config.suppress_errors = False  # a backend failure must fail the test, not run eagerly
-
-
 def _assert_same_call(fn, make_args):
     """Compiled and eager on equal fresh inputs, twice (compile, then a cache hit)."""
     import kiln

@@ -89,12 +89,12 @@ def test_inference_equal_and_no_more_breaks_than_dynamo(name, device):
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama", "bert", "t5"])
-def test_a_sequence_sweep_compiles_each_graph_at_most_twice(name):
+def test_a_sequence_sweep_compiles_each_graph_at_most_twice(name, device):
     """Automatic dynamic shapes (issue 15) on real models: the first length is compiled static,
     the second change of length makes it symbolic; later lengths reuse that graph."""
     from kiln.backends.aot_eager import aot_eager
     arch = hf.get(name)
-    model = hf.build(arch)
+    model = hf.build(arch).to(device)
     compiled_graphs = []
 
     def counting(gm, example_inputs):
@@ -104,10 +104,10 @@ def test_a_sequence_sweep_compiles_each_graph_at_most_twice(name):
     kiln.reset()
     compiled = kiln.compile(model, backend=counting)
     for i, seq in enumerate((3, 6, 11, 16)):
-        inputs = hf.make_inputs(arch, gen=_gen(name, i), seq=seq)
+        inputs = hf.make_inputs(arch, gen=_gen(name, i), seq=seq, device=device)
         with torch.no_grad():
             _assert_outputs_equal(compiled(**inputs), model(**inputs))
-    first = _capture(model, hf.make_inputs(arch, gen=_gen(name)))[1]  # graphs at one length
+    first = _capture(model, hf.make_inputs(arch, gen=_gen(name), device=device))[1]
     assert 1 <= len(compiled_graphs) <= 2 * first, f"{len(compiled_graphs)} compiles"
 
 
