@@ -4,13 +4,35 @@
   what torch's CUDA graph trees read to tell whether an output of a replay is still alive). The
   temporary storage object this function makes adds one; callers compare counts taken the same
   way, never absolute values.
+- `end_failed_capture(device, pool)`: what `torch.cuda.graph` leaves undone when a capture fails
+  (a host sync inside it invalidates the capture, and `capture_end` raises before its cleanup):
+  the device's default generator stays in capture mode, so every later random op on the device
+  raises "Offset increment outside graph capture encountered unexpectedly"; the caching allocator
+  keeps routing the capture's stream to the pool (`torch._C._cuda_endAllocateToPool`) and the
+  pool keeps its memory (`torch._C._cuda_releasePool`).
 """
 from __future__ import annotations
 
 import torch
 
-__all__ = ["storage_use_count"]
+__all__ = ["end_failed_capture", "storage_use_count"]
 
 
 def storage_use_count(t: torch.Tensor) -> int:
     return int(torch._C._storage_Use_Count(t.untyped_storage()._cdata))
+
+
+def end_failed_capture(device: torch.device, pool: object) -> None:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    generator = torch.cuda.default_generators[index]
+    # a cloned state is not capturing and keeps the seed and offset (the failed capture drew
+    # nothing from the real stream of numbers)
+    generator.graphsafe_set_state(generator.clone_state())
+    end_routing = getattr(torch._C, "_cuda_endAllocateToPool", None)
+    if end_routing is None:
+        return
+    try:
+        end_routing(index, pool)
+    except RuntimeError:
+        return  # capture_end got that far: it ended the routing, the graph owns the pool
+    torch._C._cuda_releasePool(index, pool)
