@@ -207,7 +207,8 @@ def _outputs(builder: GraphBuilder, values: list, metas: list,
     out: list[Any] = [None] * len(values)
     for group in _alias_groups(metas):
         base = max(group, key=lambda i: (_is_dense(metas[i]), metas[i].numel()))
-        cover = None if _is_dense(metas[base]) else covering(_compat.storage_key(metas[base]))
+        holds_all = _is_dense(metas[base]) and all(_inside(metas[i], metas[base]) for i in group)
+        cover = None if holds_all else covering(_compat.storage_key(metas[base]))
         if cover is not None:
             base_arg = _output(builder, *cover)  # realized with eager's strides
             base_meta = cover[1]
@@ -244,12 +245,21 @@ def _storage_numel(meta: torch.Tensor) -> Any:
 
 
 def _alias_groups(metas: list) -> list[list[int]]:
-    """Indices of tensor outputs sharing one storage, groups of two or more."""
+    """Indices of tensor outputs sharing one storage: groups of two or more, and single outputs
+    that are not dense (`t.expand(...)` of an intermediate: a view of it in eager, where a copy
+    would differ in strides and could be far larger)."""
     groups: dict[Any, list[int]] = {}
     for i, meta in enumerate(metas):
         if isinstance(meta, torch.Tensor) and not _surely_empty(meta):
             groups.setdefault(_compat.storage_key(meta), []).append(i)
-    return [g for g in groups.values() if len(g) > 1]
+    return [g for g in groups.values() if len(g) > 1 or _surely_not_dense(metas[g[0]])]
+
+
+def _surely_not_dense(meta: torch.Tensor) -> bool:
+    try:
+        return not _is_dense(meta)
+    except TypeError:  # symbolic strides whose sign depends on the sizes: leave it be
+        return False
 
 
 def _surely_empty(meta: torch.Tensor) -> bool:
@@ -273,12 +283,20 @@ def _alias_of(base: Any, base_meta: torch.Tensor, meta: torch.Tensor) -> TensorA
         return None
     if not _is_dense(base_meta):
         return None
-    lo, hi = _span(base_meta)
-    mlo, mhi = _span(meta)
-    if mlo < lo or mhi > hi:
+    if not _inside(meta, base_meta):
         return None
     offset = base.offset + meta.storage_offset() - base_meta.storage_offset()
     return TensorArg(base.name, base.dtype, tuple(meta.shape), tuple(meta.stride()), offset)
+
+
+def _inside(meta: torch.Tensor, base_meta: torch.Tensor) -> bool:
+    """Every storage position `meta` covers lies in `base_meta`'s span."""
+    lo, hi = _span(base_meta)
+    mlo, mhi = _span(meta)
+    try:
+        return bool(lo <= mlo and mhi <= hi)
+    except TypeError:  # symbolic extents that order differently for different sizes
+        return False
 
 
 def _is_dense(meta: torch.Tensor) -> bool:

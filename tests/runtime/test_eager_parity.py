@@ -114,6 +114,22 @@ def test_outputs_that_are_strided_slices_of_one_intermediate_share_its_storage(d
     torch.testing.assert_close(ours, theirs)
 
 
+def test_an_expanded_intermediate_is_returned_as_a_view_of_it(device):
+    # fuzz seed 20261861 (H200): the expand was copied out dense, (4, 2, 1) where eager has
+    # (0, 1, 0), and no longer shared its elements with the other view of the softmax
+    def fn(x):
+        t = torch.softmax(x[0], dim=1)
+        return t[1], t.expand(2, 2, 2), (x * 2).sum(0).expand(64, 2, 1)
+
+    x = torch.randn(1, 2, 1, device=device)
+    ours, theirs = _compiled(fn)(x), fn(x)
+    torch.testing.assert_close(ours, theirs)
+    for a, b in zip(ours, theirs):
+        assert (a.stride(), a.storage_offset()) == (b.stride(), b.storage_offset())
+    assert ours[0].untyped_storage().data_ptr() == ours[1].untyped_storage().data_ptr()
+    assert ours[2].untyped_storage().nbytes() == theirs[2].untyped_storage().nbytes()
+
+
 # -- out-of-range indices raise instead of reading other memory ---------------------------------
 # On CUDA an out-of-range gather is a device-side assert, in eager (ATen's kernels) as in kiln
 # (`tl.device_assert`): it poisons the process, so there each case runs in a child process.
