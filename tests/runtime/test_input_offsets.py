@@ -59,3 +59,30 @@ def test_library_call_views_of_an_input_at_an_offset(device, tmp_path, monkeypat
             torch.testing.assert_close(got, want)
     source = "\n".join(p.read_text() for p in tmp_path.glob("*/wrapper.py"))
     assert "aten.mm" in source or "aten.bmm" in source  # the kiln pipeline compiled it
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_two_in_place_writes_through_a_view_of_an_offset_input_after_a_graph_break(
+        device, requires_grad):
+    """Fuzz seed 708022: the resumed graph scatters twice into the input's base, which starts
+    3 elements into its storage. FakeTensor gave the second `as_strided_scatter` storage offset
+    0, the copy to that layout dropped the storage before the base, and the library call reading
+    the view at offset 5 raised (`setStorage ... out of bounds`) where eager returns."""
+    linear = torch.nn.Linear(2, 3, device=device).requires_grad_(requires_grad)
+
+    def fn(x):
+        v = x[1:]
+        if x.sum() > 0:  # a graph break
+            x = x * 2
+        v.mul_(0.5)
+        v.mul_(0.5)
+        return linear(v), v
+
+    def offset_input():
+        return torch.randn(9, generator=torch.Generator().manual_seed(7)).to(device)[3:].view(3, 2)
+
+    compiled = kiln.compile(fn, backend="kiln")
+    for _ in range(2):
+        ours, theirs = offset_input(), offset_input()
+        torch.testing.assert_close(compiled(ours), fn(theirs))
+        torch.testing.assert_close(ours, theirs)  # the writes reached the caller's tensor

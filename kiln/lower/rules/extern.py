@@ -8,11 +8,13 @@ realized first.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
 
-from kiln.lower.ir import Extern
+from kiln.lower import _compat
+from kiln.lower.ir import Extern, Fallback
 from kiln.lower.rule_table import Call, register
 
 aten = torch.ops.aten
@@ -45,3 +47,22 @@ for _name in ATTENTION_FORWARD:
         _packet = getattr(aten, _name + _suffix, None)
         if _packet is not None:
             register(_packet.default)(_extern(_kind))
+
+
+@register(aten.as_strided_scatter.default)
+def lower_as_strided_scatter(call: Call, x: Any, *args: Any, **kwargs: Any) -> Any:
+    """The library call, laid out as ATen lays it out: `x` cloned with its whole storage, its
+    strides and its storage offset, then the scatter. FakeTensor's rule (torch 2.11-2.13) can
+    say offset 0 when `x` does not start its storage (and its dispatch cache can hand that to
+    the first scatter too): the copy made to that layout dropped the storage before `x`, and
+    the view read next at x's offset fell outside it (fuzz seed 708022). The layout comes from
+    the lowered `x` instead, a buffer at its real offset."""
+    arg = call.builder.tensor_arg(x)
+    if not all(isinstance(v, int) for v in (*arg.size, *arg.stride, arg.offset)):
+        return call.builder.call_kernel(Fallback, "fallback", call, (x, *args), kwargs)
+    extent = arg.offset + sum((n - 1) * st for n, st in zip(arg.size, arg.stride)) + 1
+    storage = _compat.fake_tensor_like(_compat.fake_mode_of([call.out]), (extent,), (1,),
+                                       arg.dtype, call.out.device)
+    like_x = storage.as_strided(arg.size, arg.stride, arg.offset)
+    as_eager = dataclasses.replace(call, out=like_x)
+    return call.builder.call_kernel(Fallback, "fallback", as_eager, (x, *args), kwargs)
