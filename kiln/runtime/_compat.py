@@ -24,9 +24,11 @@ def storage_use_count(t: torch.Tensor) -> int:
 
 def end_failed_capture(device: torch.device, pool: object) -> None:
     index = device.index if device.index is not None else torch.cuda.current_device()
+    if torch.cuda.is_current_stream_capturing():
+        return  # the exception came before capture_end ended the capture: nothing to repair
     generator = torch.cuda.default_generators[index]
     # a cloned state is not capturing and keeps the seed and offset (the failed capture drew
-    # nothing from the real stream of numbers)
+    # nothing from the real stream of numbers); after a capture that did end, the same state
     generator.graphsafe_set_state(generator.clone_state())
     end_routing = getattr(torch._C, "_cuda_endAllocateToPool", None)
     if end_routing is None:

@@ -93,37 +93,21 @@ class CudaGraphMechanism:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.device(device):
             torch.cuda.synchronize()  # pending eager work must not land in the capture
-            # not torch.cuda.graph(): when capture_end raises (a host sync invalidated the
-            # capture) it leaves the side stream current and the CUDA RNG in capture mode
-            with torch.cuda.stream(_capture_stream(device)):
+            stream = torch.cuda.current_stream()
+            try:
                 # thread_local: another thread's unsafe call does not abort this capture
-                graph.capture_begin(pool=pool, capture_error_mode="thread_local")
-                try:
+                with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
                     outputs = fn()
-                finally:
-                    _end_capture(graph, device, pool)
+            except BaseException:
+                # when capture_end raises (a host sync invalidated the capture), torch.cuda.graph
+                # leaves its side stream current and the CUDA RNG in capture mode
+                torch.cuda.set_stream(stream)
+                end_failed_capture(device, pool)
+                raise
         return graph, outputs
 
     def memory_reserved(self, device: torch.device) -> int:
         return torch.cuda.memory_reserved(device)
-
-
-_capture_streams: dict[torch.device, torch.cuda.Stream] = {}
-
-
-def _capture_stream(device: torch.device) -> torch.cuda.Stream:
-    """A side stream per device: capture cannot run on the legacy default stream."""
-    if device not in _capture_streams:
-        _capture_streams[device] = torch.cuda.Stream(device)
-    return _capture_streams[device]
-
-
-def _end_capture(graph: torch.cuda.CUDAGraph, device: torch.device, pool: Any) -> None:
-    try:
-        graph.capture_end()
-    except BaseException:
-        end_failed_capture(device, pool)
-        raise
 
 
 _mechanisms: list[GraphMechanism] = []

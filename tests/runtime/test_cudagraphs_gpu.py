@@ -47,6 +47,10 @@ def test_random_numbers_differ_per_replay_and_follow_manual_seed_like_eager():
 
 def test_a_host_sync_falls_back_with_the_reason(caplog):
     assert "capturing it raised" in check_a_host_sync_falls_back(runner, CUDA, caplog)
+    # the failed capture left nothing behind: torch.cuda.graph kept its side stream current
+    # and the generator in capture mode ("Offset increment outside graph capture" from then on)
+    assert torch.cuda.current_stream() == torch.cuda.default_stream()
+    torch.testing.assert_close(torch.rand(64, device=CUDA).mean().item(), 0.5, atol=0.2, rtol=0)
 
 
 def test_cpu_inputs_fall_back(caplog):
