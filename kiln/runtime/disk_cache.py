@@ -5,8 +5,8 @@
   in sorted order, torch dtypes/devices/sizes, enums, dataclasses of those); an object whose only
   text would be a memory address (a function, a tensor) raises `TypeError` with a hint instead of
   silently making a key that differs per process.
-- `versions()`: kiln (its version and a hash of its source files), torch, triton, Python, CUDA
-  and device name: part of every key whose value depends on the toolchain.
+- `versions()`: kiln, torch, triton, Python, CUDA and device name: part of every key whose value
+  depends on the toolchain.
 - `DiskCache(namespace)`: `get(key) -> dict | None`, `put(key, payload)`; one JSON file per key
   under `cache_root()/<namespace>/`, carrying a sha256 of its content. Writes go to a temporary
   file (mode 0600) renamed into place (`os.replace` is atomic), so readers never see a partial
@@ -141,7 +141,6 @@ def versions() -> dict[str, str]:
     """Versions of everything a compiled artifact depends on (cached per process)."""
     out = {
         "kiln": __version__,
-        "kiln_source": source_hash(),
         "torch": torch.__version__,
         "python": platform.python_version(),
         "triton": _triton_version(),
@@ -155,23 +154,6 @@ def versions() -> dict[str, str]:
         out["capability"] = f"{props.major}.{props.minor}"
         out["sm_count"] = str(props.multi_processor_count)
     return out
-
-
-@functools.lru_cache(maxsize=None)
-def source_hash() -> str:
-    """A sha256 of kiln's own Python files: a checkout whose code changed (a lowering rule, a
-    kernel template) must not be handed artifacts the old code compiled under the same version
-    number (Inductor keys its cache on its source the same way). ~2 MB read once per process."""
-    return tree_hash(Path(__file__).resolve().parent.parent)
-
-
-def tree_hash(root: Path) -> str:
-    """A sha256 over the names and contents of the Python files under `root`."""
-    digest = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
-        digest.update(str(path.relative_to(root)).encode())
-        digest.update(path.read_bytes())
-    return digest.hexdigest()
 
 
 def _triton_version() -> str:
