@@ -142,16 +142,27 @@ def test_tile_dims_not_adjacent_in_3d():
 
 
 def test_size_1_dims_offsets_and_broadcast_reads():
-    """A size-1 H, an input read at a storage offset (a slice), a read broadcast along N and a
-    per-channel bias, and two stores of different layouts."""
+    """A size-1 H, a channels-last input read at a storage offset (a slice) into an NCHW store,
+    a read broadcast along N and a per-channel bias, and two stores of different layouts."""
     def fn(x, scale, bias):
         x = x[1:]  # storage offset C*H*W
-        y = x.permute(0, 2, 3, 1) * scale.permute(0, 2, 3, 1) + bias
-        return y.contiguous(), (y * 2).permute(0, 3, 1, 2)
+        y = x * scale + bias.view(1, -1, 1, 1)
+        return y.contiguous(), (y * 2).permute(0, 2, 3, 1)
 
-    x = torch.randn(4, 19, 1, 11)
+    x = torch.randn(4, 1, 11, 19).permute(0, 3, 1, 2)  # NCHW sizes, C contiguous in memory
     scale, bias = torch.randn(1, 19, 1, 11), torch.randn(19)
     _all_configs_match(fn, x, scale, bias)
+
+
+def test_reads_broadcast_along_the_stores_contiguous_dim_do_not_tile():
+    """A BatchNorm over NCHW: its per-channel statistics are contiguous along C, the store
+    along W, but neighbouring lanes of the 1-D kernel read one address of them (MobileNetV3's
+    BatchNorms were all tiled for this, at eager's speed on the H200)."""
+    def fn(x, mean, weight):
+        return ((x - mean.view(1, -1, 1, 1)) * weight.view(1, -1, 1, 1)).clamp(0, 6)
+
+    _, group = _one_group(fn, torch.randn(2, 40, 7, 7), torch.randn(40), torch.randn(40))
+    assert plan_tiles(group) is None
 
 
 def test_wide_tiles_index_in_int64():
