@@ -17,6 +17,7 @@ from typing import Any, Callable
 import torch
 
 from kiln.capture.dynamic_dims import changed_dims
+from kiln.capture.guard_cse import share_reads
 from kiln.capture.guards import AMBIENT_NAMESPACE, Constants, Guard
 from kiln.capture.module_version import MODULE_VERSION
 from kiln.diagnostics import GuardFailure, Unsupported
@@ -312,7 +313,7 @@ def _fast_check(i: int, entry: CacheEntry) -> str:
     """Entry `i`'s guards checked on every call, and its module guards' version."""
     fast = [g.source() for g in entry.guards if not g.module]
     fast.append(f"__modver[0] == __ev{i}[0]")
-    return " and ".join(fast)
+    return share_reads(" and ".join(fast))
 
 
 def _rebind_source(i: int, entry: CacheEntry, params: str) -> list[str]:
@@ -322,7 +323,8 @@ def _rebind_source(i: int, entry: CacheEntry, params: str) -> list[str]:
     others = [g.source() for g in entry.guards if g.kind != "instance"]
     slots = [g for g in entry.guards if g.kind == "instance"]
     lines = [f"def __rebind{i}({params}):", "    try:",
-             f"        if not ({' and '.join(others) or 'True'}):", "            return False",
+             f"        if not ({share_reads(' and '.join(others) or 'True')}):",
+             "            return False",
              "    except Exception:  # a guard on state that is gone (a deleted attribute, ...)",
              "        return False",
              f"    __keep = __ev{i}[0] == __modver[0]"]

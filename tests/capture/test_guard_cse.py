@@ -1,0 +1,85 @@
+"""Guard chains read each object path once per call (kiln/capture/guard_cse.py)."""
+from __future__ import annotations
+
+import types
+
+import torch
+
+import kiln
+from kiln.capture.guard_cse import share_reads
+
+
+def _evaluate(expr: str, **names):
+    return eval(compile(expr, "<guard>", "eval"), {}, dict(names))  # noqa: S307
+
+
+def test_a_repeated_path_is_read_once_and_the_answer_is_the_same():
+    reads = []
+
+    class Config:
+        def __init__(self):
+            object.__setattr__(self, "values", {"a": 1, "b": True})
+
+        def __getattribute__(self, name):
+            reads.append(name)
+            return object.__getattribute__(self, name)
+
+    obj = types.SimpleNamespace(cfg=Config())
+    chain = ("type(obj.cfg) is T and ('values' in obj.cfg.__dict__) is True and "
+             "obj.cfg.values['a'] == 1 and obj.cfg.values['b'] is True")
+    shared = share_reads(chain)
+    for text in (chain, shared):
+        reads.clear()
+        assert _evaluate(text, obj=obj, T=Config) is True
+        counted = len(reads)
+    assert counted == 2  # __dict__ and values, once each (4 + 2 reads before)
+    obj.cfg.values["b"] = False  # a failing guard still fails
+    assert _evaluate(shared, obj=obj, T=Config) is False
+
+
+def test_no_name_is_defined_where_it_might_not_run():
+    """`or`, conditional expressions and chained comparisons may skip an operand: a path first
+    read there is bound at its next top-level read instead."""
+    chain = "(flag or o.x.y == 1) and (1 if flag else o.x.y) and 0 < o.x.y < 5 and o.x.y == 2"
+    shared = share_reads(chain)
+    assert shared.count(":=") == 2 and shared.rindex(":=") > shared.index("0 < ")
+    o = types.SimpleNamespace(x=types.SimpleNamespace(y=2))
+    for flag in (True, False):
+        assert _evaluate(shared, o=o, flag=flag) is (_evaluate(chain, o=o, flag=flag))
+
+
+def test_a_chain_without_repeats_is_unchanged():
+    chain = "type(x) is T and x.dtype is D and len(args) == 1"
+    assert share_reads(chain) == chain
+
+
+def test_compiled_calls_read_a_custom_getattribute_config_once_per_attribute():
+    """A transformers-style config (a Python `__getattribute__`) read by several guards: each
+    of its attributes costs one read per call, and a changed value still recompiles."""
+    reads = []
+
+    class Config:
+        def __getattribute__(self, name):
+            reads.append(name)
+            return object.__getattribute__(self, name)
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.config = Config()
+            self.config.scale, self.config.shift, self.config.relu = 2.0, 1.0, True
+
+        def forward(self, x):
+            y = x * self.config.scale + self.config.shift
+            return y.relu() if self.config.relu else y
+
+    model = Model()
+    compiled = kiln.compile(model, backend="eager")
+    x = torch.randn(4)
+    for _ in range(3):
+        torch.testing.assert_close(compiled(x), model(x))
+    reads.clear()
+    compiled(x)
+    assert reads.count("__dict__") <= 1 and reads.count("relu") <= 1, reads
+    model.config.relu = False
+    torch.testing.assert_close(compiled(x), model(x))
