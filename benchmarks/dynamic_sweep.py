@@ -6,7 +6,8 @@ torch.compile, in one process on the GPU.
 Per model (HF GPT-2 and an 8-layer Llama, bf16 inference, batch 1, random weights):
 - kiln default (automatic dynamic): one `kiln.compile`, called at each length in turn. Counted:
   captured graphs, autograd traces (symbolic = once for every size; per-size = one per length)
-  and pipeline compiles (each compiled ATen graph), from kiln's records.
+  and pipeline compiles (each compiled ATen graph), from kiln's records; `max_rel_err`: the
+  logits' largest relative error against eager over the lengths (bf16 rounding is ~1e-2).
 - kiln default again with `config.symbolic_bound_launch` (symbolic kernels launched through
   the bound route instead of `fn[grid]`): `kiln_dynamic_bound`.
 - kiln static: a fresh `kiln.compile(dynamic=False)` at each length.
@@ -61,14 +62,15 @@ def kiln_dynamic(model, vocab, lens):
     recorder = records.Recorder()
     records.active_recorders().append(recorder)
     compiled = kiln.compile(model)
-    first_s = {}
+    first_s, errors = {}, {}
     try:
         for seq in lens:
             x = tokens(vocab, seq)
             start = time.perf_counter()
-            compiled(x)
+            out = compiled(x)
             torch.cuda.synchronize()
             first_s[seq] = round(time.perf_counter() - start, 2)
+            errors[seq] = rel_err(out.logits, model(x).logits)
     finally:
         records.active_recorders().remove(recorder)
     traces = recorder.autograd_traces
@@ -76,8 +78,15 @@ def kiln_dynamic(model, vocab, lens):
                   symbolic_traces=sum(t.symbolic for t in traces),
                   per_size_traces=sum(not t.symbolic for t in traces),
                   pipeline_compiles=len(recorder.pipeline_timings),
-                  recompiles=[str(r)[:200] for r in recorder.recompiles])
+                  recompiles=[str(r)[:200] for r in recorder.recompiles],
+                  max_rel_err=max(errors.values()))
     return per_length(compiled, vocab, lens), counts, first_s
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    """The output's error against eager's (bf16: ~1e-2 is rounding), as a number for the row."""
+    got, want = got.float(), want.float()
+    return float(f"{((got - want).norm() / want.norm()).item():.2e}")
 
 
 def per_length(compiled, vocab, lens) -> dict[int, float]:

@@ -4,10 +4,11 @@
 # then the dynamic-shape sweep and the small-batch latency modes (CUDA graphs). Logs and JSON
 # under OUT (default gpu_round_out/).
 #
-#   bash scripts/gpu_round.sh [suite|fuzz|dynamic|latency|zoo|zoo_train|autotune ...]
+#   bash scripts/gpu_round.sh [suite|fuzz|dynamic|bound|latency|zoo|zoo_train|autotune ...]
 #
 # The default is suite, fuzz and dynamic (about 600 s, one device call); `latency` (the
-# reduce-overhead modes, benchmarks/reduce_overhead.py) is a second call. `zoo` / `zoo_train`
+# reduce-overhead modes, benchmarks/reduce_overhead.py) is a second call; `bound` runs the
+# dynamic-shape tests with the bound launch route for symbolic kernels. `zoo` / `zoo_train`
 # (issue 16: the seed block and four timm models, eager / torch.compile / kiln, via the anchors'
 # zoo.py, carried in .anchors/) and `autotune` (issue 17: the seed block under max-autotune,
 # kiln's GEMM templates vs torch.compile's, inference and training) are a call each.
@@ -47,6 +48,16 @@ if [[ " $parts " == *" dynamic "* ]]; then
     timeout "${DYNAMIC_S:-200}" python3 benchmarks/dynamic_sweep.py ${DYNAMIC_ARGS:-} --json "$out/dynamic.json" \
         > "$out/dynamic.log" 2>&1
     tail -n 20 "$out/dynamic.log"
+fi
+if [[ " $parts " == *" bound "* ]]; then
+    # the bound launch route for symbolic kernels (config.symbolic_bound_launch, off by default
+    # until this passes on the GPU: 1.6x faster per GPT-2 call in the dynamic sweep)
+    KILN_SYMBOLIC_BOUND_LAUNCH=1 TEST_FILES="tests/runtime/test_symbolic_kernels.py
+        tests/capture/test_dynamic_shapes.py tests/backends/test_per_size.py
+        tests/suite/test_hf_models.py" PARALLEL=4 PER_FILE_TIMEOUT="${BOUND_S:-240}" \
+        timeout "$(( ${BOUND_S:-240} + 15 ))" bash scripts/test_cuda.sh "$out/bound_logs" \
+        > "$out/bound.log" 2>&1
+    tail -n 8 "$out/bound.log"
 fi
 if [[ " $parts " == *" latency "* ]]; then
     timeout "${LATENCY_S:-240}" python3 benchmarks/reduce_overhead.py --json "$out/latency.json" \
