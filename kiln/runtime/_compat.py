@@ -4,6 +4,9 @@
   what torch's CUDA graph trees read to tell whether an output of a replay is still alive). The
   temporary storage object this function makes adds one; callers compare counts taken the same
   way, never absolute values.
+- `data_ptrs_equal(tensors, ptrs, indices)`: whether `tensors[i].data_ptr() == ptrs[i]` for each
+  `i` in `indices` (`ptrs` by input position), in one C++ call (`torch._C._tensors_data_ptrs_at_indices_equal`, what torch's
+  CUDA graph trees check their static inputs with); a Python loop where torch lacks it.
 - `end_failed_capture(device, pool)`: what `torch.cuda.graph` leaves undone when a capture fails
   (a host sync inside it invalidates the capture, and `capture_end` raises before its cleanup):
   the device's default generator stays in capture mode, so every later random op on the device
@@ -15,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["end_failed_capture", "storage_use_count"]
+__all__ = ["data_ptrs_equal", "end_failed_capture", "storage_use_count"]
 
 
 def storage_use_count(t: torch.Tensor) -> int:
@@ -38,3 +41,10 @@ def end_failed_capture(device: torch.device, pool: object) -> None:
     except RuntimeError:
         return  # capture_end got that far: it ended the routing, the graph owns the pool
     torch._C._cuda_releasePool(index, pool)
+
+
+def _data_ptrs_equal_py(tensors: list, ptrs: list[int], indices: list[int]) -> bool:
+    return all(tensors[i].data_ptr() == ptrs[i] for i in indices)
+
+
+data_ptrs_equal = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", _data_ptrs_equal_py)

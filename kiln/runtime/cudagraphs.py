@@ -39,7 +39,7 @@ import torch
 from kiln import records
 from kiln.config import config
 from kiln.logs import warn_once
-from kiln.runtime._compat import end_failed_capture, storage_use_count
+from kiln.runtime._compat import data_ptrs_equal, end_failed_capture, storage_use_count
 
 __all__ = ["CudaGraphMechanism", "CudaGraphRunner", "GraphMechanism", "Recording",
            "current_mechanism", "input_key", "use_mechanism"]
@@ -157,9 +157,18 @@ class Recording:
     pool_bytes: int = 0
     static_input_bytes: int = 0
     replays: int = 0
+    _pinned_lists: tuple[list[int], list[int]] | None = None
 
     def reads_inputs_of(self, args: Sequence[Any]) -> bool:
-        return all(args[i].data_ptr() == ptr for i, ptr in self.pinned.items())
+        if not self.pinned:
+            return True
+        if self._pinned_lists is None:  # pointers by input position, as torch's helper reads
+            ptrs = [0] * (max(self.pinned) + 1)
+            for i, ptr in self.pinned.items():
+                ptrs[i] = ptr
+            self._pinned_lists = (ptrs, list(self.pinned))
+        ptrs, indices = self._pinned_lists
+        return data_ptrs_equal(args if isinstance(args, list) else list(args), ptrs, indices)
 
     def outputs_alive(self) -> bool:
         """True while anyone but this recording references an output of an earlier replay
@@ -245,9 +254,9 @@ def static_buffer_like(t: torch.Tensor) -> torch.Tensor:
 def input_key(args: Sequence[Any]) -> tuple:
     """What a recording is specific to: tensor layouts and devices, non-tensor values (the
     wrapper bakes them into launches: a symbolic size is recorded per concrete value)."""
-    return tuple((tuple(a.shape), a.stride(), a.storage_offset(), a.dtype, a.device)
+    return tuple((a.shape, a.stride(), a.storage_offset(), a.dtype, a.is_cuda, a.get_device())
                  if isinstance(a, torch.Tensor) else ("value", type(a).__name__, repr(a))
-                 for a in args)
+                 for a in args)  # is_cuda + get_device(): the device without building one
 
 
 # library ops that wait for the host (a value or a data-dependent size): not capturable
@@ -314,14 +323,16 @@ class CudaGraphRunner:
             self._block(reason)
 
     def __call__(self, args: Sequence[Any]) -> tuple:
-        if self.blocked is None:
-            reason = self._call_blocker(args)
-            if reason is not None:
-                self._block(reason)
         if self.blocked is not None:
             return self._eager(args)
         key = input_key(args)
-        seen = self.calls[key] = self.calls.get(key, 0) + 1
+        seen = self.calls.get(key, 0) + 1
+        if seen == 1:  # the key holds every input's device: a known key passed this check
+            reason = self._call_blocker(args)
+            if reason is not None:
+                self._block(reason)
+                return self._eager(args)
+        self.calls[key] = seen
         if seen <= self.warmup:
             self.stats["warmup"] += 1
             return self.run(args)
