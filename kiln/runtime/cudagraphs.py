@@ -251,12 +251,20 @@ def static_buffer_like(t: torch.Tensor) -> torch.Tensor:
     return base.as_strided(t.shape, t.stride(), t.storage_offset())
 
 
-def input_key(args: Sequence[Any]) -> tuple:
+def input_key(args: Sequence[Any], host_scalars: bool = False) -> tuple:
     """What a recording is specific to: tensor layouts and devices, non-tensor values (the
-    wrapper bakes them into launches: a symbolic size is recorded per concrete value)."""
+    wrapper bakes them into launches: a symbolic size is recorded per concrete value) and, with
+    `host_scalars`, the values of 0-dim CPU tensors (read on the host, so baked too)."""
     return tuple((a.shape, a.stride(), a.storage_offset(), a.dtype, a.is_cuda, a.get_device())
+                 + ((a.item(),) if host_scalars and _host_scalar(a) else ())
                  if isinstance(a, torch.Tensor) else ("value", type(a).__name__, repr(a))
                  for a in args)  # is_cuda + get_device(): the device without building one
+
+
+def _host_scalar(t: torch.Tensor) -> bool:
+    """A 0-dim CPU tensor beside device tensors: a value kernels receive from the host
+    (attention's philox seed and offset reach the backward this way, dropout or not)."""
+    return not t.is_cuda and t.dim() == 0 and t.device.type == "cpu"
 
 
 # library ops that wait for the host (a value or a data-dependent size): not capturable
@@ -325,7 +333,7 @@ class CudaGraphRunner:
     def __call__(self, args: Sequence[Any]) -> tuple:
         if self.blocked is not None:
             return self._eager(args)
-        key = input_key(args)
+        key = input_key(args, self.mechanism.device_type != "cpu")
         seen = self.calls.get(key, 0) + 1
         if seen == 1:  # the key holds every input's device: a known key passed this check
             reason = self._call_blocker(args)
@@ -351,12 +359,19 @@ class CudaGraphRunner:
 
     # -- choosing --------------------------------------------------------------------------------
     def _call_blocker(self, args: Sequence[Any]) -> str | None:
+        """Why this call cannot replay. 0-dim CPU tensors are host values, keyed by value
+        (`input_key`): a capture that copies one to the device fails and blocks then."""
+        on_device = False
         for i, a in enumerate(args):
-            if isinstance(a, torch.Tensor) and a.device.type != self.mechanism.device_type:
+            if not isinstance(a, torch.Tensor):
+                continue
+            if a.device.type == self.mechanism.device_type:
+                on_device = True
+            elif not _host_scalar(a):
                 return (f"input {i} is a {a.device.type} tensor (a "
                         f"{self.mechanism.device_type} graph replays device work only)")
-        if not any(isinstance(a, torch.Tensor) for a in args):
-            return "the graph has no tensor inputs to tell its device"
+        if not on_device:
+            return "the graph has no tensor inputs on its device"
         return None
 
     def _reusable(self, key: tuple, args: Sequence[Any]) -> Recording | None:
@@ -406,7 +421,8 @@ class CudaGraphRunner:
         with torch.no_grad():
             for i in copied:
                 inputs[i] = static_buffer_like(args[i]).copy_(args[i])
-        device = next(a.device for a in args if isinstance(a, torch.Tensor))
+        device = next(a.device for a in args if isinstance(a, torch.Tensor)
+                      and a.device.type == self.mechanism.device_type)
         before = self.mechanism.memory_reserved(device)
         graph, outputs = self.mechanism.record(lambda: self.run(list(inputs)),
                                                self.mechanism.new_pool(), device)

@@ -352,3 +352,21 @@ def test_the_cap_warning_names_a_moving_parameter(caplog):
             w = torch.nn.Parameter(torch.randn(4))
             torch.testing.assert_close(run([x, w])[0], x * w.detach())
     assert "an input it reads in place (a parameter or buffer" in caplog.text
+
+
+def test_cpu_scalars_beside_device_tensors_are_host_values_keyed_by_value():
+    """Attention's philox seed and offset reach a training backward as 0-dim CPU tensors: they
+    blocked its recording ("input 14 is a cpu tensor", the seed block on the H200). They are
+    host values now: allowed, and part of the key (a capture that reads one bakes it in). A
+    CPU tensor with elements still blocks."""
+    from kiln.runtime.cudagraphs import input_key
+
+    # "meta" stands for the GPU: the CPU is another device here
+    run, _ = runner(mechanism=FakeGraphMechanism(device_type="meta"))
+    on_device = torch.empty(4, device="meta")
+    assert run._call_blocker([on_device, torch.tensor(7)]) is None
+    assert "input 1 is a cpu tensor" in run._call_blocker([on_device, torch.ones(2)])
+    assert "no tensor inputs on its device" in run._call_blocker([torch.tensor(7)])
+    keys = {input_key([on_device, torch.tensor(v)], host_scalars=True) for v in (7, 7, 8)}
+    assert len(keys) == 2
+    assert input_key([on_device, torch.tensor(7)]) == input_key([on_device, torch.tensor(8)])
