@@ -89,7 +89,7 @@ def kiln_backend(gm: torch.fx.GraphModule, example_inputs: list, *, mode: str | 
         return gm
     if _on_cpu(example_inputs):
         _check_interpreter()
-    elif os.environ.get("TRITON_INTERPRET") != "1" and _computes_on_cpu(gm):
+    elif not _interpreting() and _computes_on_cpu(gm):
         # compiled Triton dereferences every pointer on the GPU; the CPU part of a mixed graph
         # has no code generator outside the interpreter, so the graph runs as torch ops
         _note_not_graphed(opts, "part of it computes on CPU tensors")
@@ -338,8 +338,12 @@ def _cpu_codegen() -> str:
     return choice
 
 
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def _check_interpreter() -> None:
-    if os.environ.get("TRITON_INTERPRET") != "1":
+    if not _interpreting():
         raise KilnConfigError(
             "cpu_codegen='triton_interpret' runs generated kernels on CPU tensors in Triton's "
             "interpreter, but TRITON_INTERPRET is not 1",

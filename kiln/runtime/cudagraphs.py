@@ -157,18 +157,15 @@ class Recording:
     pool_bytes: int = 0
     static_input_bytes: int = 0
     replays: int = 0
-    _pinned_lists: tuple[list[int], list[int]] | None = None
+
+    def __post_init__(self) -> None:
+        # pointers by input position, as torch's one-call check reads them
+        self._pinned_ptrs = [self.pinned.get(i, 0) for i in range(max(self.pinned, default=-1) + 1)]
+        self._pinned_indices = list(self.pinned)
 
     def reads_inputs_of(self, args: Sequence[Any]) -> bool:
-        if not self.pinned:
-            return True
-        if self._pinned_lists is None:  # pointers by input position, as torch's helper reads
-            ptrs = [0] * (max(self.pinned) + 1)
-            for i, ptr in self.pinned.items():
-                ptrs[i] = ptr
-            self._pinned_lists = (ptrs, list(self.pinned))
-        ptrs, indices = self._pinned_lists
-        return data_ptrs_equal(args if isinstance(args, list) else list(args), ptrs, indices)
+        return data_ptrs_equal(args if isinstance(args, list) else list(args),
+                               self._pinned_ptrs, self._pinned_indices)
 
     def outputs_alive(self) -> bool:
         """True while anyone but this recording references an output of an earlier replay

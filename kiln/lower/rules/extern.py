@@ -60,9 +60,7 @@ def lower_as_strided_scatter(call: Call, x: Any, *args: Any, **kwargs: Any) -> A
     arg = call.builder.tensor_arg(x)
     if not all(isinstance(v, int) for v in (*arg.size, *arg.stride, arg.offset)):
         return call.builder.call_kernel(Fallback, "fallback", call, (x, *args), kwargs)
-    extent = arg.offset + sum((n - 1) * st for n, st in zip(arg.size, arg.stride)) + 1
-    storage = _compat.fake_tensor_like(_compat.fake_mode_of([call.out]), (extent,), (1,),
-                                       arg.dtype, call.out.device)
-    like_x = storage.as_strided(arg.size, arg.stride, arg.offset)
+    like_x = _compat.fake_tensor_like(_compat.fake_mode_of([call.out]), arg.size, arg.stride,
+                                      arg.dtype, call.out.device, arg.offset)
     as_eager = dataclasses.replace(call, out=like_x)
     return call.builder.call_kernel(Fallback, "fallback", as_eager, (x, *args), kwargs)
