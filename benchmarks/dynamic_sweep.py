@@ -8,8 +8,8 @@ Per model (HF GPT-2 and an 8-layer Llama, bf16 inference, batch 1, random weight
   captured graphs, autograd traces (symbolic = once for every size; per-size = one per length)
   and pipeline compiles (each compiled ATen graph), from kiln's records; `max_rel_err`: the
   logits' largest relative error against eager over the lengths (bf16 rounding is ~1e-2).
-- kiln default again with `config.symbolic_bound_launch` (symbolic kernels launched through
-  the bound route instead of `fn[grid]`): `kiln_dynamic_bound`.
+- kiln again with `config.symbolic_bound_launch` off (symbolic kernels launched through
+  `fn[grid]` instead of the default bound route): `kiln_dynamic_fn_grid`.
 - kiln static: a fresh `kiln.compile(dynamic=False)` at each length.
 - torch.compile (dynamic=None, its automatic dynamic) over the same lengths: unique graphs.
 - torch.compile static (dynamic=False) at the lengths of `--torch-static`.
@@ -142,22 +142,22 @@ def sweep(name: str, lens, torch_static_lens, kiln_static_lens, rows: list) -> N
         eager = {s: bench(lambda x=tokens(vocab, s): model(x)) for s in lens}
         k_dyn, counts, first_s = kiln_dynamic(model, vocab, lens)
         emit(dict(mode="kiln_dynamic", **counts, first_call_s=first_s))
-        config.symbolic_bound_launch = True
+        config.symbolic_bound_launch = False
         try:
-            k_bound, counts, first_s = kiln_dynamic(model, vocab, lens)
+            k_fn_grid, counts, first_s = kiln_dynamic(model, vocab, lens)
         finally:
-            config.symbolic_bound_launch = False
-        emit(dict(mode="kiln_dynamic_bound", **counts, first_call_s=first_s))
+            config.symbolic_bound_launch = True
+        emit(dict(mode="kiln_dynamic_fn_grid", **counts, first_call_s=first_s))
         k_static = {s: kiln_static(model, vocab, s) for s in kiln_static_lens}
         t_dyn, t_graphs, t_compile_s = torch_dynamic(model, vocab, lens)
         emit(dict(mode="inductor_dynamic", unique_graphs=t_graphs, compile_s_total=t_compile_s))
         t_static = {s: torch_static(model, vocab, s) for s in torch_static_lens}
     for s in lens:
         emit(dict(seq=s, eager_ms=round(eager[s], 3), kiln_dynamic_ms=round(k_dyn[s], 3),
-                  kiln_dynamic_bound_ms=round(k_bound[s], 3),
+                  kiln_dynamic_fn_grid_ms=round(k_fn_grid[s], 3),
                   kiln_static_ms=round(k_static[s], 3) if s in k_static else None,
                   kiln_dyn_over_static=round(k_dyn[s] / k_static[s], 3) if s in k_static else None,
-                  kiln_bound_over_static=round(k_bound[s] / k_static[s], 3)
+                  kiln_fn_grid_over_static=round(k_fn_grid[s] / k_static[s], 3)
                   if s in k_static else None,
                   inductor_dynamic_ms=round(t_dyn[s], 3),
                   inductor_static_ms=round(t_static[s], 3) if s in t_static else None,

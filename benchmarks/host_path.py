@@ -1,6 +1,6 @@
 """Host time of a compiled call with its kernel launches stubbed out, on the CPU (issue 17).
 
-  python benchmarks/host_path.py [--case seed_block|gpt2] [--profile]
+  python benchmarks/host_path.py [--case seed_block|gpt2] [--profile] [--dynamic 8,12,16]
 
 At batch 1 a GPU step costs about what its host path costs: dispatcher and guards, the
 autograd wrapper, the generated wrapper (views, allocations, library calls) and one launch per
@@ -9,6 +9,9 @@ compiled with the kiln backend (kernels built for Triton's interpreter), every `
 then returns at once, and calls are timed at a size where the CPU library calls are cheap.
 Eager at the same size is printed beside it for scale (its time includes its CPU kernels).
 Medians of 7 x 2000 calls, no_grad. `--profile` adds the top functions by own time.
+`--dynamic L1,L2,...`: one `dynamic=True` compile called at each sequence length (dim 1 of the
+input) beside a static compile per length, so the symbolic wrapper's own cost (sizes, strides
+and grids computed per call) shows next to a static one.
 
 It is a proxy: on the GPU machine allocations and library calls cost more (CUDA caching
 allocator, cuBLAS setup) and each launch adds ~3-5 us; `gpu_round.sh latency` measures the real
@@ -60,13 +63,44 @@ def per_call_us(fn, inputs: tuple, calls: int = 2000) -> float:
     return statistics.median(runs)
 
 
+def at_length(inputs: tuple, length: int) -> tuple:
+    """The inputs with dim 1 (sequence) cut or tiled to `length`."""
+    x = inputs[0]
+    return (x.repeat(1, -(-length // x.shape[1]), *([1] * (x.dim() - 2)))[:, :length],)
+
+
+def dynamic(model: torch.nn.Module, inputs: tuple, lengths: list[int]) -> None:
+    compiled = kiln.compile(model, backend="kiln", dynamic=True)
+    with torch.no_grad():
+        for n in lengths:  # compile, and one real (interpreted) run per length
+            compiled(*at_length(inputs, n))
+        static = {}
+        for n in lengths:
+            static[n] = kiln.compile(model, backend="kiln", dynamic=False)
+            static[n](*at_length(inputs, n))
+        real_call = launcher.Launcher.__call__
+        launcher.Launcher.__call__ = lambda self, *a, **k: None
+        try:
+            for n in lengths:
+                args = at_length(inputs, n)
+                print(f"length {n}: dynamic {per_call_us(compiled, args):.1f} us, static "
+                      f"{per_call_us(static[n], args):.1f} us, eager "
+                      f"{per_call_us(model, args):.1f} us per call")
+        finally:
+            launcher.Launcher.__call__ = real_call
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--case", default="seed_block")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--dynamic", default="", help="sequence lengths, e.g. 8,12,16")
     args = parser.parse_args()
     config.cpu_codegen = "triton_interpret"
     model, inputs = build(args.case)
+    if args.dynamic:
+        dynamic(model, inputs, [int(n) for n in args.dynamic.split(",")])
+        return
     compiled = kiln.compile(model, backend="kiln")
     with torch.no_grad():
         compiled(*inputs)  # compile, and one real (interpreted) run

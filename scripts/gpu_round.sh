@@ -4,11 +4,11 @@
 # then the dynamic-shape sweep and the small-batch latency modes (CUDA graphs). Logs and JSON
 # under OUT (default gpu_round_out/).
 #
-#   bash scripts/gpu_round.sh [suite|fuzz|dynamic|bound|latency|zoo|zoo_train|autotune ...]
+#   bash scripts/gpu_round.sh [suite|fuzz|dynamic|fn_grid|latency|zoo|zoo_train|autotune ...]
 #
 # The default is suite, fuzz and dynamic (about 600 s, one device call); `latency` (the
-# reduce-overhead modes, benchmarks/reduce_overhead.py) is a second call; `bound` runs the
-# dynamic-shape tests with the bound launch route for symbolic kernels. `zoo` / `zoo_train`
+# reduce-overhead modes, benchmarks/reduce_overhead.py) is a second call; `fn_grid` runs the
+# dynamic-shape tests with symbolic kernels launched through fn[grid] instead of the bound route. `zoo` / `zoo_train`
 # (issue 16: the seed block and four timm models, eager / torch.compile / kiln, via the anchors'
 # zoo.py, carried in .anchors/) and `autotune` (issue 17: the seed block under max-autotune,
 # kiln's GEMM templates vs torch.compile's, inference and training) are a call each.
@@ -49,15 +49,15 @@ if [[ " $parts " == *" dynamic "* ]]; then
         > "$out/dynamic.log" 2>&1
     tail -n 20 "$out/dynamic.log"
 fi
-if [[ " $parts " == *" bound "* ]]; then
-    # the bound launch route for symbolic kernels (config.symbolic_bound_launch, off by default
-    # until this passes on the GPU: 1.6x faster per GPT-2 call in the dynamic sweep)
-    KILN_SYMBOLIC_BOUND_LAUNCH=1 TEST_FILES="tests/runtime/test_symbolic_kernels.py
+if [[ " $parts " == *" fn_grid "* ]]; then
+    # the dynamic-shape tests with symbolic kernels launched through fn[grid] (the route the
+    # interpreter takes, and the fallback when a printed grid disagrees), not the default bound
+    KILN_SYMBOLIC_BOUND_LAUNCH=0 TEST_FILES="tests/runtime/test_symbolic_kernels.py
         tests/capture/test_dynamic_shapes.py tests/backends/test_per_size.py
-        tests/suite/test_hf_models.py" PARALLEL=4 PER_FILE_TIMEOUT="${BOUND_S:-240}" \
-        timeout "$(( ${BOUND_S:-240} + 15 ))" bash scripts/test_cuda.sh "$out/bound_logs" \
-        > "$out/bound.log" 2>&1
-    tail -n 8 "$out/bound.log"
+        tests/suite/test_hf_models.py" PARALLEL=4 PER_FILE_TIMEOUT="${FN_GRID_S:-240}" \
+        timeout "$(( ${FN_GRID_S:-240} + 15 ))" bash scripts/test_cuda.sh "$out/fn_grid_logs" \
+        > "$out/fn_grid.log" 2>&1
+    tail -n 8 "$out/fn_grid.log"
 fi
 if [[ " $parts " == *" latency "* ]]; then
     timeout "${LATENCY_S:-240}" python3 benchmarks/reduce_overhead.py --json "$out/latency.json" \

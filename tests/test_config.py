@@ -42,7 +42,7 @@ def test_defaults():
         "channels_last": False,
         "gemm_templates": "auto",
         "symbolic_kernels": True,
-        "symbolic_bound_launch": False,
+        "symbolic_bound_launch": True,
         "cudagraphs_on_gpu": False,
         "optimize_ddp": True,
         "reorder_logging": True,

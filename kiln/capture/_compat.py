@@ -128,7 +128,22 @@ def symbolic_fake(fake_mode: FakeTensorMode, real: torch.Tensor, dynamic_dims: s
     sizes = [DimDynamic.DYNAMIC if d in dynamic_dims else DimDynamic.STATIC
              for d in range(real.dim())]
     context = StatelessSymbolicContext(dynamic_sizes=sizes)
-    return fake_mode.from_tensor(real, source=LocalSource(name), symbolic_context=context)
+    fake = fake_mode.from_tensor(real, source=LocalSource(name), symbolic_context=context)
+    _specialize_own_stride_symbols(fake)
+    return fake
+
+
+def _specialize_own_stride_symbols(fake: FakeTensor) -> None:
+    """A stride torch could not write as a product of the sizes (a slice of a wider buffer:
+    `big[:, :n]` has stride `(40, 1)`) gets a symbol of its own. Capture's guards and kernels
+    know size symbols only, so such a stride is specialized to its value here (the stride
+    guard then checks it: a call with another one recompiles)."""
+    from torch.fx.experimental.symbolic_shapes import guard_int
+    size_symbols = set().union(*(s.node.expr.free_symbols for s in fake.shape
+                                 if isinstance(s, torch.SymInt)))
+    for stride in fake.stride():
+        if isinstance(stride, torch.SymInt) and stride.node.expr.free_symbols - size_symbols:
+            guard_int(stride)
 
 
 def symbolic_dispatch(active: bool) -> Any:

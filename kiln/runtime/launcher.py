@@ -217,7 +217,8 @@ class SymbolicLauncher(Launcher):
 
     def __init__(self, spec: KernelSpec, fn: Any):
         super().__init__(spec, fn)
-        self.bindable = bool(config.symbolic_bound_launch and grid_source(spec))
+        source = grid_source(spec) if config.symbolic_bound_launch else None
+        self.bindable = bool(source) and _printed_grid_agrees(spec, source)
         if not self.bindable:
             self._launch = self._generic_launch
 
@@ -237,6 +238,26 @@ class SymbolicLauncher(Launcher):
             if isinstance(exc.__cause__, IndexError):
                 raise type(exc.__cause__)(f"{exc.__cause__} ({self.name})") from exc
             raise
+
+
+def _printed_grid_agrees(spec: KernelSpec, source: tuple[str, str, str]) -> bool:
+    """The bound route computes the grid from its printed source, the generic one from
+    `spec.grid`: check they agree on sample sizes (each size its own value, so a swapped pair
+    shows) before trusting the printed one. A disagreement is a codegen bug: log it and
+    launch through `fn[grid]`, which is right, only slower."""
+    try:
+        printed = [compile(f"({part})", f"<grid of {spec.name}>", "eval") for part in source]
+        for base in (2, 3, 17, 1000, 65_537):
+            env = {name: base + 7 * i for i, name in enumerate(spec.size_args)}
+            want = (*(int(g) for g in spec.grid(spec.meta_dict, env)), 1, 1)[:3]
+            got = tuple(int(eval(code, {}, dict(env))) for code in printed)  # noqa: S307
+            if got != want:
+                raise ValueError(f"sizes {env}: printed grid {got}, spec.grid {want}")
+    except Exception as exc:  # noqa: BLE001  (a printed grid that fails to evaluate, too)
+        log.warning("launcher %s: the printed grid %s disagrees with the kernel's grid (%s); "
+                    "launching through fn[grid]", spec.name, source, exc)
+        return False
+    return True
 
 
 _SIZE_PLACEHOLDER = 17  # a size's stand-in when compiling: an int32, specialized on nothing

@@ -236,6 +236,29 @@ def test_strides_are_guarded_for_symbolic_tensors():
     assert backend.count == 2  # contiguous and transposed: one graph each
 
 
+def test_a_slice_of_a_wider_buffer_keeps_its_stride_and_one_graph():
+    """`big[:, :n]` has stride (40, 1): not a product of its sizes, so torch gives the stride a
+    symbol of its own, which capture's guards could not print (the capture failed and the
+    frame ran eagerly). It is specialized: one graph for every n, another buffer width
+    recompiles."""
+    backend = CountingBackend()
+
+    def f(x):
+        return (x * 2).sum(-1) + x[:, 0]
+
+    compiled = kiln.compile(f, backend=backend, dynamic=True)
+    for n in (8, 12, 16, 5):
+        x = torch.randn(3, 40)[:, :n]
+        _close(compiled(x), f(x))
+    assert backend.count == 1
+    x = torch.randn(3, 50)[:, :9]
+    _close(compiled(x), f(x))
+    assert backend.count == 2
+    report = kiln.explain(f, dynamic=True)(x)
+    assert report.graph_count == 1 and not report.break_reasons
+    assert "x.stride() == (50, 1)" in report.render(verbose=True)
+
+
 def test_size_read_in_the_graph_is_returned_as_an_int():
     def f(x):
         return x.shape[0] * 2 + x.size(1), x.numel(), x.flatten()

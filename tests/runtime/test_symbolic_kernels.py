@@ -279,9 +279,9 @@ def test_slices_index_and_cat_with_symbolic_bounds_compile_once(device, kernel_c
 
 
 def test_bound_launch_of_a_symbolic_kernel_passes_sizes_and_a_per_call_grid(monkeypatch):
-    """config.symbolic_bound_launch: pointers, then the sizes, then the constexprs, in the
-    kernel's parameter order; the grid computed from this call's sizes, as spec.grid does."""
-    monkeypatch.setattr(launcher_module.config, "symbolic_bound_launch", True)
+    """config.symbolic_bound_launch (the default): pointers, then the sizes, then the
+    constexprs, in the kernel's parameter order; the grid computed from this call's sizes, as
+    spec.grid does."""
     monkeypatch.setattr(launcher_module, "_stream_source", lambda: (lambda device: 5, 0))
     x, w = torch.randn(6, 8), torch.randn(8)
     artifact = compile_graph(_symbolic(lambda x, w: (x * w).exp(), (x, w), {0: {0}}), [])
@@ -303,13 +303,32 @@ def test_bound_launch_of_a_symbolic_kernel_passes_sizes_and_a_per_call_grid(monk
     assert params[lc.spec.arg_names[0]] == x.untyped_storage().data_ptr()
 
 
-def test_symbolic_kernels_launch_through_fn_grid_unless_asked(monkeypatch):
+def test_symbolic_kernels_launch_through_fn_grid_when_the_bound_route_is_off(monkeypatch):
+    monkeypatch.setattr(launcher_module.config, "symbolic_bound_launch", False)
     x, w = torch.randn(6, 8), torch.randn(8)
     artifact = compile_graph(_symbolic(lambda x, w: (x * w).exp(), (x, w), {0: {0}}), [])
     (lc,) = _launched(artifact)
     assert not lc.bindable and lc._launch == lc._generic_launch
     with pytest.raises(TypeError, match=r"takes 3 tensors .* and sizes \('s\d+',\), got 3"):
         lc(x, w, torch.empty(6, 8))
+
+
+def test_a_printed_grid_that_disagrees_with_the_kernels_keeps_the_fn_grid_route(monkeypatch,
+                                                                               caplog):
+    """The bound route trusts the grid printed into its launch function only after it agreed
+    with spec.grid on sample sizes: a wrong one (here: the size replaced by a constant) would
+    launch too few programs at other sizes, so the launcher stays on fn[grid] and says so."""
+    x, w = torch.randn(6, 8), torch.randn(8)
+    graph = _symbolic(lambda x, w: (x * w).exp(), (x, w), {0: {0}})
+    (lc,) = _launched(compile_graph(graph, []))
+    assert lc.bindable  # the real printed grid agrees
+    (size,) = lc.spec.size_args
+    wrong = tuple(part.replace(size, "6") for part in launcher_module.grid_source(lc.spec))
+    monkeypatch.setattr(launcher_module, "grid_source", lambda spec: wrong)
+    with caplog.at_level("WARNING", logger=launcher_module.log.name):
+        again = launcher_module.SymbolicLauncher(lc.spec, lc.fn)
+    assert not again.bindable and again._launch == again._generic_launch
+    assert "disagrees with the kernel's grid" in caplog.text
 
 
 # -- conv nets over a symbolic batch (timm-style serving: the batch varies, C/H/W do not) -------
