@@ -1,6 +1,6 @@
 """Host time of a compiled call with its kernel launches stubbed out, on the CPU (issue 17).
 
-  python benchmarks/host_path.py [--case seed_block|gpt2] [--profile] [--dynamic 8,12,16]
+  python benchmarks/host_path.py [--case seed_block|gpt2|gpt2_12] [--profile] [--dynamic 8,12,16]
 
 At batch 1 a GPU step costs about what its host path costs: dispatcher and guards, the
 autograd wrapper, the generated wrapper (views, allocations, library calls) and one launch per
@@ -43,12 +43,13 @@ def build(case: str) -> tuple[torch.nn.Module, tuple]:
     if case == "seed_block":
         from kiln.tools.seed_model import TransformerBlock
         return TransformerBlock(64, 4).eval(), (torch.randn(1, 8, 64),)
-    if case == "gpt2":
+    if case in ("gpt2", "gpt2_12"):  # 2 layers, or GPT-2's 12
         import transformers
-        cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=100)
+        cfg = transformers.GPT2Config(n_layer=2 if case == "gpt2" else 12, n_embd=64, n_head=4,
+                                      vocab_size=100)
         cfg.use_cache = False
         return transformers.GPT2LMHeadModel(cfg).eval(), (torch.randint(0, 100, (1, 8)),)
-    raise SystemExit(f"unknown case {case!r}: seed_block or gpt2")
+    raise SystemExit(f"unknown case {case!r}: seed_block, gpt2 or gpt2_12")
 
 
 def per_call_us(fn, inputs: tuple, calls: int = 2000) -> float:

@@ -7,6 +7,11 @@
 - `data_ptrs_equal(tensors, ptrs, indices)`: whether `tensors[i].data_ptr() == ptrs[i]` for each
   `i` in `indices` (`ptrs` by input position), in one C++ call (`torch._C._tensors_data_ptrs_at_indices_equal`, what torch's
   CUDA graph trees check their static inputs with); a Python loop where torch lacks it.
+- `alias_view(t, size, stride, offset)`: a view of `t`'s storage without `as_strided`'s bounds
+  check and view bookkeeping (`torch._C._dynamo.guards._reinterpret_tensor`, what Inductor's
+  wrappers call): half the host cost. `offset` counts from `t`'s own storage offset (as_strided's
+  from the storage's start). The wrapper uses it only where it proved the view lies
+  inside a buffer it laid out itself (`wrapper._Writer._view`); `as_strided` where torch lacks it.
 - `end_failed_capture(device, pool)`: what `torch.cuda.graph` leaves undone when a capture fails
   (a host sync inside it invalidates the capture, and `capture_end` raises before its cleanup):
   the device's default generator stays in capture mode, so every later random op on the device
@@ -18,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["data_ptrs_equal", "end_failed_capture", "storage_use_count"]
+__all__ = ["alias_view", "data_ptrs_equal", "end_failed_capture", "storage_use_count"]
 
 
 def storage_use_count(t: torch.Tensor) -> int:
@@ -48,3 +53,18 @@ def _data_ptrs_equal_py(tensors: list, ptrs: list[int], indices: list[int]) -> b
 
 
 data_ptrs_equal = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", _data_ptrs_equal_py)
+
+
+def _as_strided_from(t: torch.Tensor, size: tuple, stride: tuple, offset: int) -> torch.Tensor:
+    return torch.as_strided(t, size, stride, t.storage_offset() + offset)
+
+
+def _alias_view() -> object:
+    try:
+        from torch._C._dynamo.guards import _reinterpret_tensor
+    except ImportError:
+        return _as_strided_from
+    return _reinterpret_tensor
+
+
+alias_view = _alias_view()

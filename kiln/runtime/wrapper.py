@@ -43,6 +43,7 @@ DENSE_LAST_DIM = ("attention", "attention_backward")
 
 _PRELUDE = """\
 import torch
+from kiln.runtime._compat import alias_view
 from kiln.runtime.wrapper import aligned_bias, fit_layout, reinterpret, storage_base
 from kiln.runtime.symbolic import check_extents
 aten = torch.ops.aten
@@ -264,7 +265,9 @@ class _Writer:
             self.globals[text] = f"device_{len(self.globals)}"
         return self.globals[text]
 
-    def _view(self, arg: TensorArg) -> str:
+    def _view(self, arg: TensorArg, returned: bool = False) -> str:
+        """The text of `arg` as a tensor: its buffer, or a view of it (`returned`: an output
+        of the graph, always an `as_strided` view, whose `_base` autograd reads)."""
         arg = self._resolve(arg)
         lay = self._buf(arg.name).layout
         if (arg.size, arg.stride, arg.offset) == (lay.size, lay.stride, lay.offset) \
@@ -272,7 +275,23 @@ class _Writer:
             return arg.name
         if arg.dtype != lay.dtype:
             raise WrapperError(f"view {arg.render()} changes the dtype of {arg.name}")
+        if not returned and self._inside_own_layout(arg):  # its offset counts from the buffer's
+            return f"alias_view({arg.name}, {arg.size}, {arg.stride}, {arg.offset - lay.offset})"
         return f"as_strided({arg.name}, {arg.size}, {arg.stride}, {arg.offset})"
+
+    def _inside_own_layout(self, arg: TensorArg) -> bool:
+        """Whether the view `arg` reads only elements of its buffer's own layout, a buffer this
+        wrapper laid out (allocated, reused, or a library result `fit_layout` checked): then
+        the view needs no bounds check at run time (`alias_view`). Inputs and constants keep
+        `as_strided`'s check: their layout is what capture assumed, and a wrong assumption
+        must raise, not read other memory."""
+        buf = self._buf(arg.name)
+        if isinstance(buf, (InputBuffer, ConstantBuffer)) or self.graph.symbolic:
+            return False
+        lay = buf.layout
+        return _index_range(arg.size, arg.stride, arg.offset) is not None and \
+            _within(_index_range(arg.size, arg.stride, arg.offset),
+                    _index_range(lay.size, lay.stride, lay.offset))
 
     def _value(self, value: Any) -> str:
         if isinstance(value, TensorArg):
@@ -320,7 +339,7 @@ class _Writer:
             self._write_frees(i)
         for name, arg in graph.mutations:
             self._line(f"{name}.copy_({self._view(arg)})")
-        outs = [self._view(o) if isinstance(o, TensorArg) else self._value(o)
+        outs = [self._view(o, returned=True) if isinstance(o, TensorArg) else self._value(o)
                 for o in graph.outputs]
         self._line(f"return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
         return WrapperCode(self._module(params), tuple(self.kernels), self.externs)
@@ -430,6 +449,22 @@ def _fits(old: Buffer, new: Buffer) -> bool:
         return False
     return old.layout.device == new.layout.device and big_enough \
         and not isinstance(old, (InputBuffer, ConstantBuffer))
+
+
+def _index_range(size: Sequence[Any], stride: Sequence[Any],
+                 offset: Any) -> tuple[int, int] | None:
+    """The lowest and highest storage element a layout reaches; None when it reaches none (a
+    zero-size dim) or is not made of plain ints."""
+    if not all(type(v) is int for v in (*size, *stride, offset)) or 0 in size:
+        return None
+    low = offset + sum(min(0, (n - 1) * s) for n, s in zip(size, stride))
+    high = offset + sum(max(0, (n - 1) * s) for n, s in zip(size, stride))
+    return low, high
+
+
+def _within(inner: tuple[int, int] | None, outer: tuple[int, int] | None) -> bool:
+    return inner is not None and outer is not None and \
+        outer[0] <= inner[0] and inner[1] <= outer[1]
 
 
 def _returns_single(node: ExternKernel) -> bool:

@@ -188,3 +188,43 @@ def test_aligned_bias_pads_rows_to_16_elements_and_keeps_values():
     aligned = torch.randn(2, 4, 3, 16)
     assert aligned_bias(aligned) is aligned
     assert aligned_bias(None) is None
+
+
+def test_library_arguments_view_own_buffers_without_a_bounds_check_and_inputs_with_one():
+    """A library call's argument that views a buffer the wrapper laid out itself (here the
+    kernel output `h`, read by the second matmul as a (4·2, 6) view of a (4, 2, 6) buffer)
+    reads inside that layout by construction: `alias_view`, half `as_strided`'s host cost. A
+    view of an input keeps `as_strided`, whose bounds check catches a layout capture got
+    wrong; so does a returned output, whose `_base` autograd reads."""
+    def f(x, w1, w2):
+        h = torch.relu(x @ w1)
+        return (h.view(8, 6) @ w2).view(4, 2, 5), x.view(8, 8).t() @ x.view(8, 8)
+
+    inputs = (torch.randn(4, 2, 8), torch.randn(8, 6), torch.randn(6, 5))
+    artifact = compile_graph(trace_aten(f, *inputs), inputs, name="views")
+    source = artifact.wrapper.source
+    aliased = re.findall(r"alias_view\((\w+),", source)
+    checked = re.findall(r"as_strided\((\w+),", source)
+    buffers = {n for n in aliased + checked if n.startswith("buf")}
+    assert aliased and all(name.startswith("buf") for name in aliased), source
+    assert "x_1" in checked, source
+    returned = re.search(r"return \((.*)\)", source).group(1)
+    assert "alias_view" not in returned and buffers
+    for _ in range(2):
+        inputs = (torch.randn(4, 2, 8), torch.randn(8, 6), torch.randn(6, 5))
+        for got, want in zip(artifact(*inputs), f(*inputs)):
+            torch.testing.assert_close(got, want)
+
+
+def test_alias_view_counts_its_offset_from_the_tensors_own_offset():
+    """`alias_view` (Inductor's `_reinterpret_tensor`) and its fallback agree: the offset is
+    relative to the tensor's storage offset, unlike `as_strided`'s."""
+    from kiln.runtime import _compat
+
+    base = torch.randn(12)
+    t = base[3:]
+    want = torch.as_strided(base, (2, 2), (3, 1), 3 + 4)
+    for view in (_compat.alias_view, _compat._as_strided_from):
+        got = view(t, (2, 2), (3, 1), 4)
+        assert got.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
