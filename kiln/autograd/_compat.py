@@ -156,6 +156,12 @@ def sym_expr(value: Any) -> Any:
     return value.node.expr
 
 
+def unreplaced_expr(value: Any) -> Any:
+    """The sympy expression a symbolic number was made with, before the ShapeEnv's
+    replacements (`s2` where `sym_expr` now says 16)."""
+    return value.node._expr
+
+
 def size_hint(value: Any) -> int:
     """A size as the int it had in the example the trace started from, without recording a
     guard (byte counts, reports); a plain int as it is."""

@@ -88,8 +88,11 @@ class SizeSymbols:
                   *(("stride", d, s) for d, s in enumerate(tensor.stride())),
                   ("offset", 0, tensor.storage_offset())]
         for kind, dim, value in places:
-            if _compat.is_symbolic(value):
-                expr = _compat.sym_expr(value)
+            if not isinstance(value, _compat.SYM_TYPES):
+                continue
+            # the symbol the input was made with, too: a later trace may have specialized it
+            # (`s2 -> 16`), and the fact `Eq(s2, 16)` must still be read from this input
+            for expr in (_compat.sym_expr(value), _compat.unreplaced_expr(value)):
                 if expr.is_Symbol:
                     self.where.setdefault(expr, (i, kind, dim))
 

@@ -355,7 +355,42 @@ def _decide(diff: Expr, test: Any) -> bool:
     yes, no = test(*diff.bounds())
     if yes or no:
         return bool(yes)
+    yes, no = test(*_shifted_bounds(diff))
+    if yes or no:
+        return bool(yes)
     raise TypeError(f"the sign of {diff} depends on the sizes")
+
+
+def _shifted_bounds(value: Expr) -> tuple[int, int]:
+    """Bounds of a polynomial in sizes tighter than term-by-term intervals, which lose what the
+    terms share: `16*s0*s1 - 16*s0` (s0, s1 >= 2) spans [-huge, huge] term by term. With each
+    size written `lo + t` (t >= 0) and expanded, the constant term is the value at every
+    size's lower bound; when every other coefficient is >= 0 the polynomial only grows, so
+    that value is its minimum (here 32 + 16*t0 + 32*t1 + 16*t0*t1: >= 32); when every other
+    coefficient is <= 0, its maximum. Sizes are taken as independent: sound for a derived
+    size too (its true values are a subset)."""
+    lo, hi = value.bounds()
+    shifted: dict[tuple[str, ...], int] = {(): value.const}
+    for atom, coef in value.terms:
+        factors = flatten_factors(atom)
+        if not all(isinstance(f, Size) for f in factors):
+            return lo, hi
+        partial: dict[tuple[str, ...], int] = {(): coef}
+        for factor in factors:  # times (factor.lo + t_factor)
+            grown: dict[tuple[str, ...], int] = {}
+            for mono, c in partial.items():
+                grown[mono] = grown.get(mono, 0) + c * factor.lo
+                wider = tuple(sorted((*mono, factor.name)))
+                grown[wider] = grown.get(wider, 0) + c
+            partial = grown
+        for mono, c in partial.items():
+            shifted[mono] = shifted.get(mono, 0) + c
+    at_lower = shifted.pop(())
+    if all(c >= 0 for c in shifted.values()):
+        lo = max(lo, at_lower)
+    if all(c <= 0 for c in shifted.values()):
+        hi = min(hi, at_lower)
+    return lo, hi
 
 
 def size_expr(name: str, lo: int = 2, hi: int | None = None, hint: int | None = None) -> Expr:

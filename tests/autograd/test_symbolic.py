@@ -430,3 +430,23 @@ def test_a_size_the_trace_specializes_is_a_condition(recorder):
         (ours * weight).sum().backward()
         (theirs * weight).sum().backward()
         close(x2.grad, x.grad, f"grad, {rows} rows")
+
+
+def test_a_dim_specialized_by_the_trace_is_read_from_the_input_it_was_made_for(recorder):
+    """`dynamic=True` makes every dim symbolic; nn.MultiheadAttention's embedding dim must equal
+    its weights', so the trace specializes it (`s2 -> 16`) after capture. The fact `Eq(s2, 16)`
+    is checked per call, read from the input dim the symbol was made for: the input's size no
+    longer says `s2` (the ShapeEnv replaced it), and looking the symbol up by that alone failed
+    ("a size s2 that no graph input has") and silently traced per size."""
+    attention = torch.nn.MultiheadAttention(16, 4, batch_first=True).eval()
+
+    def fn(x):
+        return attention(x, x, x)[0]
+
+    compiled = kiln.compile(fn, backend="aot_eager", dynamic=True)
+    with torch.no_grad():
+        for n in (3, 5, 4, 7):
+            x = torch.randn(2, n, 16)
+            close(compiled(x), fn(x), f"{n} tokens")
+    traces = recorder.autograd_traces
+    assert len(traces) == 1 and traces[0].symbolic, traces

@@ -67,6 +67,22 @@ def test_order_comparisons_hold_for_every_size():
         int(S0)
 
 
+def test_a_sign_shared_terms_decide_is_decided():
+    """`16*s0*s1 - 16*s0` is 16*s0*(s1 - 1) > 0 for sizes >= 2, which bounds taken term by
+    term cannot see (a symbolic causal attention's backward asked exactly this, and the
+    lowering failed over to per-size compiles); a sign that does depend on the sizes still
+    raises."""
+    grows = 16 * S0 * S1 - 16 * S0
+    assert grows > 0 and grows >= 32 and not (grows < 32)
+    assert (16 * S0 - 16 * S0 * S1) < 0
+    assert S0 * S0 - S0 >= 2  # s0*(s0 - 1), a square among the terms
+    for depends in (S0 * S1 - 3 * S1, S0 - S1, S0 * S1 - S0 * S0):
+        with pytest.raises(TypeError, match="depends on the sizes"):
+            _ = depends > 0
+    for s0, s1 in itertools.product((2, 3, 7, 100), repeat=2):
+        assert grows.evaluate({"s0": s0, "s1": s1}) >= 32
+
+
 def test_a_size_prints_as_source():
     assert repr((S0 * 64, 16)) == "(64*s0, 16)"
     assert repr(sym("x0", 4)) == "Expr(x0)"  # static expressions print as before

@@ -512,3 +512,27 @@ def test_a_backward_that_reads_a_size_only_as_an_int_input(device):
         (ours * weight).sum().backward()
         (theirs * weight).sum().backward()
         torch.testing.assert_close(x2.grad, x.grad)
+
+
+def test_causal_attention_training_over_lengths_traces_once(device, recorder):
+    """dynamic=True, causal SDPA, forward and backward through kiln's kernels: one symbolic
+    trace for every length. Its lowering asked whether `16*s1*s0 - 16*s1` > 0 (batch s0 >= 2),
+    which term-by-term bounds could not answer, and the trace silently went per size."""
+    import kiln
+
+    def fn(x):
+        q = x.view(x.shape[0], x.shape[1], 4, 4).transpose(1, 2)
+        return F.scaled_dot_product_attention(q, q * 0.5, q + 1, is_causal=True)
+
+    compiled = kiln.compile(fn, backend="kiln", dynamic=True)
+    for n in (3, 5, 7):
+        x = torch.randn(2, n, 16, device=device, requires_grad=True)
+        x2 = x.detach().clone().requires_grad_(True)
+        weight = torch.randn(2, 4, n, 4, device=device)
+        got, want = compiled(x2), fn(x)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        (got * weight).sum().backward()
+        (want * weight).sum().backward()
+        torch.testing.assert_close(x2.grad, x.grad, rtol=1e-4, atol=1e-4)
+    traces = recorder.autograd_traces
+    assert len(traces) == 1 and traces[0].symbolic, traces
