@@ -78,6 +78,8 @@ class Recorder:
     passes: list[Any] = dataclasses.field(default_factory=list)
     # per trace of the autograd stage: an AutogradTraceRecord
     autograd_traces: list[AutogradTraceRecord] = dataclasses.field(default_factory=list)
+    # per graph with symbolic sizes that compiles per size after all: which stage gave up, why
+    per_size: list[str] = dataclasses.field(default_factory=list)
     # per CUDA graph recorded (kiln.runtime.cudagraphs): graph, pool and static input bytes
     cudagraphs: list[dict] = dataclasses.field(default_factory=list)
 

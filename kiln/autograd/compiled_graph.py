@@ -193,8 +193,11 @@ class CompiledGraph:
                                          self.capture_replacements)
             conditions = SizeConditions(facts, variant.joint.size_symbols) if facts else None
         except Exception as err:  # noqa: BLE001 - the per-size traces give eager's answer
-            log.debug("the symbolic autograd trace failed (%s: %s); tracing per size instead",
-                      type(err).__name__, err, exc_info=True)
+            reason = f"{type(err).__name__}: {str(err).splitlines()[0]}"
+            log.info("kiln: a graph with symbolic sizes is traced per size: the symbolic "
+                     "autograd trace failed (%s)", reason)
+            log.debug("the symbolic autograd trace's failure", exc_info=True)
+            records.emit("per_size", f"autograd stage: {reason}")
             return None
         log.debug("compiled %s variant with symbolic sizes in %.3f s%s",
                   "training" if training else "inference", time.perf_counter() - began,

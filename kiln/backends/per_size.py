@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import torch
 
+from kiln import records
 from kiln.autograd.size_variants import PerSizeVariants
 from kiln.autograd.symbolic import symbolic_positions
 
@@ -75,8 +76,10 @@ def symbolic_or_per_size(compile_symbolic: Compile, compile_static: Compile,
     try:
         compiled = compile_symbolic(gm, list(example_inputs))
     except Exception as err:  # noqa: BLE001 - per-size compiles are always right
+        reason = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
         log.info("kiln backend: a graph with symbolic sizes compiles per size: the symbolic "
-                 "path failed (%s: %s)", type(err).__name__, err)
+                 "path failed (%s)", reason)
+        records.emit("per_size", f"kiln backend: {reason}")
         return per_size(compile_static, gm, example_inputs)
     return SymbolicCompiled(compiled, compile_static, gm)
 

@@ -33,6 +33,8 @@ class ExplainOutput:
     dynamic_dims: list[tuple[str, ...]] = dataclasses.field(default_factory=list)
     # per graph: how it was split at DDP bucket boundaries (None: compiled whole)
     ddp_splits: list[records.DDPSplitRecord | None] = dataclasses.field(default_factory=list)
+    # graphs with symbolic sizes that a later stage compiles per size after all, and why
+    per_size: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def guards(self) -> list[GuardRecord]:
@@ -54,6 +56,9 @@ class ExplainOutput:
             lines.append("Dynamic dims (symbolic sizes: one graph for every size):")
             lines.extend(f"  graph {i + 1}: {', '.join(dims)}"
                          for i, dims in enumerate(self.dynamic_dims) if dims)
+        if self.per_size:
+            lines.append("Compiled per size after all (each new size compiles again):")
+            lines.extend(_indent(reason) for reason in self.per_size)
         if any(self.ddp_splits):
             lines.append("DDP buckets (graphs split so gradient all-reduces overlap backward):")
             lines.extend(_indent(f"graph {i + 1}: {split.render(op_name)}")
@@ -186,4 +191,5 @@ def _summarize(recorder: records.Recorder) -> ExplainOutput:
     return ExplainOutput(graphs, len(graphs), len(breaks), breaks,
                          sum(len(o) for o in ops), ops, guards, times,
                          list(recorder.recompiles), list(recorder.saved),
-                         [g.dynamic_dims for g in kept], [g.ddp_split for g in kept])
+                         [g.dynamic_dims for g in kept], [g.ddp_split for g in kept],
+                         list(recorder.per_size))

@@ -379,12 +379,17 @@ def test_a_failed_symbolic_trace_traces_per_size(monkeypatch, recorder, caplog):
     monkeypatch.setattr(trace_module, "_symbolic_fake", refuse)
     model = MLP().eval()
     compiled = kiln.compile(model, backend="aot_eager")
-    with caplog.at_level(logging.DEBUG, logger="kiln.autograd"), torch.no_grad():
+    with caplog.at_level(logging.INFO, logger="kiln.autograd"), torch.no_grad():
         for size in (2, 3, 4, 3):
             x = torch.randn(size, 12)
             close(compiled(x), model(x), f"size {size}")
-    assert "refused for the test" in caplog.text and "tracing per size instead" in caplog.text
+    assert "refused for the test" in caplog.text and "traced per size" in caplog.text
     assert [r.symbolic for r in recorder.autograd_traces] == [False, True, False, False]
+    assert recorder.per_size == ["autograd stage: SymbolicUnsupported: [kiln.autograd] "
+                                 "refused for the test"]
+    report = kiln.explain(model, backend="aot_eager", dynamic=True)(torch.randn(5, 12))
+    assert "Compiled per size after all" in report.render()
+    assert "autograd stage: SymbolicUnsupported" in report.render()
 
 
 def test_a_later_variant_is_checked_against_facts_an_earlier_trace_added():
