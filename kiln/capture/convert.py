@@ -17,7 +17,7 @@ from typing import Any, Callable
 import torch
 
 from kiln import records
-from kiln.capture import compile_hook
+from kiln.capture import compile_hook, rules
 from kiln.capture.dispatch import (CacheEntry, CodeCache, build_dispatcher, cache_for, compiling,
                                 compiling_scope)
 from kiln.capture.breaks import check_resumable, route_only
@@ -407,6 +407,8 @@ def compile_function(fn: types.FunctionType, settings: CompileSettings) -> Calla
     if config.identity_transform:  # debug mode: decode -> normalize -> assemble, no capture
         from kiln.capture.bytecode import identity_transform
         return identity_transform(fn)
+    if rules.runs_natively(fn):
+        return fn
     compiled = CompiledFunction(fn, settings)
 
     @functools.wraps(fn)

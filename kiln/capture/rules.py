@@ -21,6 +21,7 @@ from kiln._util import is_hashable
 from kiln.capture._compat import printed_name_resolves
 
 __all__ = ["classify", "why_unsupported", "is_library_module", "is_distributed_call", "allow_in_graph", "disable",
+           "runs_natively",
            "ALLOWED_IN_GRAPH", "DISABLED"]
 
 ALLOWED_IN_GRAPH: set[int] = set()
@@ -46,6 +47,14 @@ for _name in ("manual_seed", "manual_seed_all", "seed", "seed_all", "set_rng_sta
               "set_rng_state_all", "get_rng_state", "get_rng_state_all"):
     if hasattr(torch.cuda, _name):
         _UNSUPPORTED_TORCH[getattr(torch.cuda, _name)] = "reads or sets the CUDA random state"
+# Recurrent modules run natively, as under torch.compile (TorchDynamo's `allow_rnn` is off by
+# default): their flat-weight bookkeeping reads weakrefs (a break anyway) and the fused RNN op
+# after it needs concrete sizes, so each new sequence length recompiled the code after the
+# break until the recompile limit.
+for _rnn in (torch.nn.RNN, torch.nn.GRU, torch.nn.LSTM):
+    _UNSUPPORTED_TORCH[_rnn.forward] = (
+        "is a recurrent module: kiln runs it natively between graphs (its fused kernel needs "
+        "concrete sizes; torch.compile runs it eagerly too)")
 _PURE_MODULES = (math, operator)
 # torch.distributed: collectives and process-group calls communicate (in place, or through a
 # Work handle), so as graph nodes on fake tensors they would be dropped. They break and run
@@ -69,6 +78,13 @@ def allow_in_graph(fn: Any) -> Any:
 def disable(fn: Any) -> Any:
     DISABLED.add(id(fn))
     return fn
+
+
+def runs_natively(fn: Any) -> bool:
+    """Whether compiling `fn` itself (a compiled module's forward, a routed call) must give
+    back `fn`: wrapped by kiln.disable, or a torch function capture never reads
+    (`_UNSUPPORTED_TORCH`: a recurrent module's forward, the RNG setters)."""
+    return id(fn) in DISABLED or _unsupported_torch(fn) is not None
 
 
 def classify(value: Any) -> str:

@@ -622,9 +622,15 @@ def test_lstm_final_states_keep_eagers_shape_under_torchs_squeeze_bug(monkeypatc
     monkeypatch.setattr(torch.backends.mkldnn, "enabled", False)
     lstm = nn.LSTM(4, 8, num_layers=2)
     x = torch.randn(3, batch, 4)
+    state = (torch.randn(2, batch, 8), torch.randn(2, batch, 8))
+
+    def run(x, state):  # the fused op itself: nn.LSTM runs natively between graphs
+        out, h, c = torch.lstm(x, state, lstm._flat_weights, True, 2, 0.0, False, False, False)
+        return out, (h, c)
+
     with torch.no_grad():
-        ours = kiln.compile(lstm, backend="aot_eager")(x)
-        theirs = lstm(x)
+        ours = kiln.compile(run, backend="aot_eager")(x, state)
+        theirs = run(x, state)
     assert [t.shape for t in (ours[0], *ours[1])] == [t.shape for t in (theirs[0], *theirs[1])]
     # on CUDA eager's LSTM is cuDNN's (TF32 by default): values are checked against fp64 in
     # tests/runtime/test_eager_parity.py; here the shapes are the point

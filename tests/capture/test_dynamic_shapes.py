@@ -259,6 +259,41 @@ def test_a_slice_of_a_wider_buffer_keeps_its_stride_and_one_graph():
     assert "x.stride() == (50, 1)" in report.render(verbose=True)
 
 
+@pytest.mark.parametrize("rnn", [torch.nn.GRU, torch.nn.LSTM])
+def test_a_recurrent_layer_runs_natively_and_the_rest_stays_dynamic(rnn):
+    """nn.GRU / nn.LSTM run natively between graphs, as under torch.compile: captured, their
+    fused op needed concrete sizes and the code after their weight bookkeeping's break
+    recompiled for every sequence length until the recompile limit. Now: the layers around
+    them compile at most twice (automatic dynamic), whatever the lengths; gradients as eager."""
+    torch.manual_seed(0)
+
+    class Tagger(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Linear(6, 16)
+            self.rnn = rnn(16, 8, batch_first=True)
+            self.head = torch.nn.Linear(8, 3)
+
+        def forward(self, x):
+            out = self.rnn(torch.tanh(self.embed(x)))[0]
+            return self.head(out).softmax(-1)
+
+    model = Tagger()
+    twin = eager_copy(model)
+    backend = CountingBackend()
+    compiled = kiln.compile(twin, backend=backend)
+    for n in (3, 5, 4, 7, 9, 6):
+        x = torch.randn(2, n, 6)
+        weight = torch.randn(2, n, 3)
+        ours, theirs = compiled(x), model(x)
+        _close(ours, theirs)
+        (ours * weight).sum().backward()
+        (theirs * weight).sum().backward()
+    assert_grads_equal(twin, model)
+    assert backend.count <= 4, backend.count  # two graphs, each static then symbolic
+    assert kiln.explain(model.rnn)(torch.randn(2, 5, 16)).graph_count == 0
+
+
 def test_size_read_in_the_graph_is_returned_as_an_int():
     def f(x):
         return x.shape[0] * 2 + x.size(1), x.numel(), x.flatten()

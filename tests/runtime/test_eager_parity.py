@@ -317,19 +317,28 @@ def test_sdpa_with_an_additive_mask_of_any_length(device, keys):
 @pytest.mark.parametrize("mkldnn", [True, False])
 def test_lstm_state_shapes_equal_eager(device, mkldnn, monkeypatch):
     """The final states keep eager's [layers, batch, hidden] (issue 11: torch 2.11's LSTM
-    decomposition gave [layers, 1, batch, hidden]; CPU without mkldnn takes the same path)."""
+    decomposition gave [layers, 1, batch, hidden]; CPU without mkldnn takes the same path).
+    The fused op is called directly: nn.LSTM itself runs natively between graphs."""
     if not mkldnn:
         monkeypatch.setattr(torch.backends.mkldnn, "enabled", False)
     lstm = torch.nn.LSTM(4, 8, batch_first=True).to(device)
     x = torch.randn(2, 3, 4, device=device)
+    state = (torch.randn(1, 2, 8, device=device), torch.randn(1, 2, 8, device=device))
+
+    def run(layer, x, state):
+        out, h, c = torch.lstm(x, state, layer._flat_weights, True, 1, 0.0, False, False, True)
+        return out, (h, c)
+
     with torch.no_grad():
-        out, (h, c) = _compiled(lstm)(x)
-        ref, (rh, rc) = lstm(x)
+        out, (h, c) = _compiled(run)(lstm, x, state)
+        ref, (rh, rc) = run(lstm, x, state)
     assert (out.shape, h.shape, c.shape) == (ref.shape, rh.shape, rc.shape)
     # Values against an fp64 reference: on CUDA eager runs cuDNN's LSTM (TF32 by default), kiln
     # decomposed fp32 matmuls, so the two differ by more than either differs from the truth.
     with torch.no_grad():
-        exact = [t.float() for t in _flat(copy.deepcopy(lstm).double().cpu()(x.double().cpu()))]
+        exact = [t.float() for t in _flat(run(copy.deepcopy(lstm).double().cpu(),
+                                              x.double().cpu(),
+                                              tuple(s.double().cpu() for s in state)))]
     for got, eager, want in zip(_flat((out, (h, c))), _flat((ref, (rh, rc))), exact):
         eager_err = (eager.cpu() - want).abs().max().item()
         assert (got.cpu() - want).abs().max().item() <= max(1.5 * eager_err, 1e-5)
