@@ -3,6 +3,7 @@
 
   python benchmarks/reduce_overhead.py [--cases seed_block,gpt2] [--modes ...] [--json PATH]
   python benchmarks/reduce_overhead.py --device cpu --size tiny --modes eager,kiln   (a check)
+  python benchmarks/reduce_overhead.py --cases gpt2 --modes kiln,inductor --profile 200
 
 Cases (bf16 inference on CUDA, float32 on the CPU check; random weights):
 - `seed_block`: the seed's TransformerBlock at batch 1, sequence 128 (d_model 1024, 16 heads).
@@ -12,6 +13,9 @@ kiln_reduce_overhead (kiln's CUDA graphs, `config.cudagraphs_on_gpu` switched on
 compile). Per row: the median ms of `triton.testing.do_bench` (CUDA) or of a timed loop (CPU),
 the first call's seconds, the output's relative error against eager, and for the kiln CUDA
 graph rows the private pools' bytes (`CudaGraphRunner.pool_bytes`) and how many calls replayed.
+`--profile N`: after each mode's timing, N more calls under cProfile, the functions with the
+most own time printed (where a host-bound mode's time goes, kiln's and torch.compile's side by
+side: guards, wrapper, launches, library calls).
 """
 from __future__ import annotations
 
@@ -94,7 +98,31 @@ def runners_of(records_seen: list) -> list:
     return [a.cudagraphs for a in records_seen if getattr(a, "cudagraphs", None) is not None]
 
 
-def run_row(case: str, mode: str, model: Any, inputs: tuple, want: Any, device: str) -> dict:
+def host_profile(fn: Callable[[], Any], calls: int, device: str, top: int = 25) -> str:
+    """The `top` functions by own time over `calls` calls, per call (us), as text."""
+    import cProfile
+    import io
+    import pstats
+
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(calls):
+        fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    profile.disable()
+    stats = pstats.Stats(profile)
+    rows = sorted(stats.stats.items(), key=lambda item: -item[1][2])[:top]  # type: ignore[attr-defined]
+    out = io.StringIO()
+    out.write(f"{'own us/call':>12} {'calls/call':>10}  function\n")
+    for (filename, line, name), (_, ncalls, own, _cum, _) in rows:
+        where = f"{filename.rsplit('/', 1)[-1]}:{line}({name})" if line else name
+        out.write(f"{own / calls * 1e6:12.1f} {ncalls / calls:10.1f}  {where}\n")
+    return out.getvalue()
+
+
+def run_row(case: str, mode: str, model: Any, inputs: tuple, want: Any, device: str,
+            profile_calls: int = 0) -> dict:
     import kiln.runtime.pipeline as pipeline
 
     built: list = []
@@ -117,6 +145,9 @@ def run_row(case: str, mode: str, model: Any, inputs: tuple, want: Any, device: 
             first_s = time.perf_counter() - began
             err = rel_err(first, want)
             ms = median_ms(lambda: fn(*inputs), device)
+            if profile_calls:
+                print(f"-- host profile: {case} {mode}\n"
+                      f"{host_profile(lambda: fn(*inputs), profile_calls, device)}", flush=True)
     finally:
         kiln.runtime.compile_graph = original
         config.cudagraphs_on_gpu = saved
@@ -138,6 +169,8 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--size", default=None, help="full (default on CUDA) or tiny")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="profile N calls per mode with cProfile and print the top functions")
     args = ap.parse_args()
     size = args.size or ("full" if args.device == "cuda" else "tiny")
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
@@ -148,7 +181,7 @@ def main() -> None:
             want = model(*inputs)
         for mode in args.modes.split(","):
             try:
-                row = run_row(case, mode, model, inputs, want, args.device)
+                row = run_row(case, mode, model, inputs, want, args.device, args.profile)
             except Exception as err:  # noqa: BLE001 - one failing mode must not hide the rest
                 row = {"case": case, "mode": mode, "error": repr(err)[:300]}
             rows.append(row)
