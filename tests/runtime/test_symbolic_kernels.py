@@ -536,3 +536,26 @@ def test_causal_attention_training_over_lengths_traces_once(device, recorder):
         torch.testing.assert_close(x2.grad, x.grad, rtol=1e-4, atol=1e-4)
     traces = recorder.autograd_traces
     assert len(traces) == 1 and traces[0].symbolic, traces
+
+
+def test_a_window_sliced_off_the_end_of_a_symbolic_dim_stays_symbolic(device, recorder):
+    """`x[:, -4:]` (Mistral's sliding-window mask slices `-4095:`) on a dim of symbolic
+    extent n: torch clamps the start at 0 when n < 4, so the start is `n - length` with
+    `length` torch's own size of the result. The lowering refused it and the graph went per
+    size. A slice that stops short of the end (`-4:-1`) still may, and answers like eager."""
+    import kiln
+
+    def window(x):
+        return x[:, -4:] * 2 + 1
+
+    def inner(x):
+        return x[:, -4:-1].exp()
+
+    for fn in (window, inner):
+        compiled = kiln.compile(fn, backend="kiln", dynamic=True)
+        for n in (3, 5, 8, 2, 9):
+            x = torch.randn(2, n, device=device)
+            torch.testing.assert_close(compiled(x), fn(x))
+        if fn is window:  # one symbolic variant for n >= 4 and one below: nothing per size
+            assert recorder.per_size == [], recorder.per_size
+            assert [t.symbolic for t in recorder.autograd_traces] == [True, True]

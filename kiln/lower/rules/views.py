@@ -80,7 +80,7 @@ def slice_view(x: TensorValue, dim: int, start: Any, end: Any, step: int,
     elif length is None:
         raise TypeError("a slice with symbolic bounds needs the size of its result")
     else:
-        start = _slice_start(start, n)
+        start = _slice_start(start, n, end, step, length)
     size = x.size[:dim] + (as_size(length),) + x.size[dim + 1:]
 
     def reindex(index: Sequence[Expr]) -> list[Expr]:
@@ -99,18 +99,36 @@ def _int_or_none(value: Any) -> int | None:
     return None if value is None else int(value)
 
 
-def _slice_start(start: Any, n: Any) -> Expr:
+def _slice_start(start: Any, n: Any, end: Any = None, step: int = 1,
+                 length: Any = None) -> Expr:
     """The first element of a slice of an extent-`n` dim with symbolic bounds, as an index.
     A negative start counts from the end (torch clamps it at 0: only a start known to stay in
-    the dim for every size is taken; else TypeError, and the graph compiles per size). A start
-    past the end needs no clamp: the slice is then empty and reads nothing."""
+    the dim for every size is taken). A slice that runs to the end of the dim with step 1
+    (`x[:, -4096:]`, a sliding window) starts `length` before the end whatever the clamp did,
+    `length` being torch's own size of the result. Else TypeError, and the graph compiles per
+    size. A start past the end needs no clamp: the slice is then empty and reads nothing."""
     start = as_expr(0 if start is None else start)
     if start >= 0:  # raises when the sign depends on the sizes
         return start
     from_end = as_expr(n) + start
-    if from_end >= 0:
-        return from_end
+    try:
+        if from_end >= 0:
+            return from_end
+    except TypeError:
+        pass
+    if step == 1 and length is not None and _reaches_end(end, n):
+        return as_expr(n) - as_expr(length)
     raise TypeError(f"slice start {start} of a dim of {n} may fall before its first element")
+
+
+def _reaches_end(end: Any, n: Any) -> bool:
+    """Whether a slice's `end` is at or past the dim's extent `n` for every size."""
+    if end is None:
+        return True
+    try:
+        return bool(as_expr(end) >= as_expr(n))
+    except TypeError:  # the order depends on the sizes
+        return False
 
 
 def select_view(x: TensorValue, dim: int, i: int) -> tuple[tuple[int, ...], Any]:
