@@ -12,6 +12,7 @@ import torch.fx
 
 from kiln.capture.breaks import (CONTEXT_FACTORIES, STACK_PREFIX, ResumeLayout, resume_function,
                                  route, router_for)
+from kiln.capture.guard_cse import share_reads
 from kiln.capture.guards import Guard
 from kiln.capture.handlers_calls import WithExitVT, call_operands
 from kiln.capture.sources import attr_expr
@@ -262,7 +263,9 @@ def _finish(output: OutputGraph, rebuild: _Rebuilder, tail: list[str]) -> EntryC
     output.graph.output(tuple(rebuild.outputs))
     gm = torch.fx.GraphModule(torch.nn.Module(), output.graph, class_name="CapturedGraph")
     args = ", ".join(inp.source.expr() for inp in output.inputs)
-    return EntryCode([f"__o = __graph({args})", *tail], gm,
+    # the inputs' paths share prefixes (`self._modules['h']._modules['0']...` for each of a
+    # layer's parameters): each prefix read once per call, left to right as arguments evaluate
+    return EntryCode([f"__o = {share_reads(f'__graph({args})')}", *tail], gm,
                      [inp.example for inp in output.inputs])
 
 

@@ -7,6 +7,10 @@ Python `__getattribute__` (two levels in transformers 5: ~0.7 us each, half of k
 per call at batch 1). `share_reads(expr)` names a path the first time the chain evaluates it
 (`(__kc0 := self._modules['transformer'])`) and reuses the name after.
 
+The entry's graph call shares its inputs' paths the same way (`capture/entry.py`): a layer's
+parameters are `self._modules['h']._modules['0']..._parameters['weight']` and its siblings, and
+a call's arguments, like an `and` chain's conjuncts, are all evaluated, left to right.
+
 Safe because an `and` chain evaluates left to right and stops at the first false guard: a name
 is only defined in a position that every later use is sure to have evaluated (a top-level
 conjunct, outside nested `and`/`or`, conditional expressions, chained comparisons, lambdas and

@@ -83,3 +83,37 @@ def test_compiled_calls_read_a_custom_getattribute_config_once_per_attribute():
     assert reads.count("__dict__") <= 1 and reads.count("relu") <= 1, reads
     model.config.relu = False
     torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_a_graph_calls_inputs_read_their_shared_module_path_once():
+    """The entry passes each parameter to the graph by its path; a layer's parameters share
+    their module's path, read once per call now (left to right, as arguments evaluate), and a
+    swapped layer still reaches the graph."""
+    reads = []
+
+    class Counting(torch.nn.Module):
+        def __getattribute__(self, name):
+            if name == "_modules":
+                reads.append(name)
+            return super().__getattribute__(name)
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.block = Counting()
+            self.block.a, self.block.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.block.b(self.block.a(x).relu())
+
+    model = Model()
+    compiled = kiln.compile(model, backend="eager")
+    x = torch.randn(2, 4)
+    for _ in range(3):
+        torch.testing.assert_close(compiled(x), model(x))
+    reads.clear()
+    compiled(x)
+    entry_reads = len(reads)
+    assert entry_reads <= 2, reads  # guards and the graph call: one read each at most
+    model.block.a = torch.nn.Linear(4, 4)
+    torch.testing.assert_close(compiled(x), model(x))
