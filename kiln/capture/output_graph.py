@@ -61,6 +61,9 @@ class OutputGraph:
         self.pending_globals: dict[tuple[int, str], Any] = {}
         self.current_tx: Any = None
         self.wrapped: dict[Source, Any] = {}  # one tracker per source read during the trace
+        # plain objects by identity: (the object, its tracker), so one read through another path
+        # (every layer's `self.config`) is that tracker, behind an `is` guard
+        self.objects: dict[int, tuple[Any, Any]] = {}
         self.dynamic_scalars = dynamic_scalars  # source exprs of numbers kept symbolic
         self.scalar_examples: dict[Source, Any] = {}
         self.trace_numpy = trace_numpy  # tensor.numpy() gives traced arrays (variables/ndarray.py)

@@ -117,3 +117,53 @@ def test_a_graph_calls_inputs_read_their_shared_module_path_once():
     assert entry_reads <= 2, reads  # guards and the graph call: one read each at most
     model.block.a = torch.nn.Linear(4, 4)
     torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_one_config_held_by_every_layer_is_read_through_one_path():
+    """Every layer holds the model's config (transformers style, a Python `__getattribute__`):
+    one tracker for the object, the other paths guarded to hold that same object (`is`), so a
+    call reads each config attribute once, not once per layer. A layer given a config of its
+    own then fails that guard and gets its own answer."""
+    reads = []
+
+    class Config:
+        def __getattribute__(self, name):
+            reads.append(name)
+            return object.__getattribute__(self, name)
+
+    class Layer(torch.nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            self.config = config
+            self.linear = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            y = self.linear(x) * self.config.scale
+            return y.relu() if self.config.relu else y
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.config = Config()
+            self.config.scale, self.config.relu = 0.5, True
+            self.layers = torch.nn.ModuleList(Layer(self.config) for _ in range(4))
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x) if self.config.relu else x
+            return x
+
+    model = Model()
+    compiled = kiln.compile(model, backend="eager")
+    x = torch.randn(2, 4)
+    for _ in range(3):
+        torch.testing.assert_close(compiled(x), model(x))
+    reads.clear()
+    compiled(x)
+    assert reads.count("scale") <= 1 and reads.count("relu") <= 1, reads
+    own = Config()
+    own.scale, own.relu = 3.0, False
+    model.layers[2].config = own
+    torch.testing.assert_close(compiled(x), model(x))
+    model.config.scale = 2.0  # through the shared object: every other layer sees it
+    torch.testing.assert_close(compiled(x), model(x))

@@ -122,9 +122,18 @@ def _wrap(tx: Translator, value: Any, source: Source, module_guard: bool) -> VT:
         guards.id_match(source, value, module=module_guard, location=loc)
         return _wrap_callable(tx, value, source)
     # any other object (a dataclass, a NumPy array, ...): its type is guarded, its attributes
-    # are read (and guarded) as the code uses them
+    # are read (and guarded) as the code uses them. One object reached by several paths (a
+    # transformers config held by every layer) is one tracker: the later paths are guarded to
+    # hold the same object, and its attributes are read and guarded once, through the first
+    # (a config's Python `__getattribute__` is the costliest read of a call's guards).
+    seen = tx.output.objects.get(id(value))
+    if seen is not None and seen[0] is value:
+        guards.same_object(source, seen[1].source, location=loc)
+        return seen[1]
     guards.type_match(source, value, module=module_guard, location=loc)
-    return UserObjectVT(value, source, tx.output)
+    vt = UserObjectVT(value, source, tx.output)
+    tx.output.objects[id(value)] = (value, vt)
+    return vt
 
 
 def symbolic_dims(fake: torch.Tensor) -> set[int]:
