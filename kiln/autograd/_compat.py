@@ -222,6 +222,7 @@ SYMPY_CALLS: dict[type, Callable] = {
     _sympy_fns.PowByNatural: operator.pow,
     _sympy_fns.FloatPow: operator.pow,
     _sympy_fns.ToFloat: torch.sym_float,
+    _sympy_fns.OpaqueUnaryFn_sqrt: torch._sym_sqrt,  # math.sqrt of a size (capture's `_sqrt`)
     _sympy_fns.TruncToInt: torch.sym_int,
     _sympy_fns.Max: torch.sym_max,
     _sympy_fns.Min: torch.sym_min,

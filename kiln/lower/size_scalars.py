@@ -23,7 +23,10 @@ __all__ = ["SizeScalar", "is_size_number", "size_arithmetic"]
 
 # Python arithmetic on sizes whose result may be a float, and the ops handler op for each
 _OPS = {operator.add: "add", operator.sub: "sub", operator.mul: "mul",
-        operator.truediv: "truediv", operator.neg: "neg"}
+        operator.truediv: "truediv", operator.neg: "neg", operator.pow: "pow"}
+# functions of one size whose result is a float: `float(n)` (a size read as a float), and
+# `math.sqrt(n)` (`torch._sym_sqrt`, capture's symbolic math.sqrt): in float64, as Python
+_FLOAT_FNS = {torch.sym_float: "float", torch._sym_sqrt: "sqrt"}
 
 
 class SizeScalar:
@@ -42,12 +45,17 @@ class SizeScalar:
         return value if dtype == torch.float64 else ops.to_dtype(value, dtype)
 
     def _value(self) -> Any:
+        if self.op in _FLOAT_FNS:
+            value = _load64(self.args[0])
+            return value if self.op is torch.sym_float else ops.sqrt(value)
         return getattr(ops, _OPS[self.op])(*(_load64(a) for a in self.args))
 
     def __str__(self) -> str:
+        if self.op in _FLOAT_FNS:
+            return f"{_FLOAT_FNS[self.op]}({self.args[0]})"
         if self.op is operator.neg:
             return f"-({self.args[0]})"
-        sign = {"add": "+", "sub": "-", "mul": "*", "truediv": "/"}[_OPS[self.op]]
+        sign = {"add": "+", "sub": "-", "mul": "*", "truediv": "/", "pow": "**"}[_OPS[self.op]]
         return f"({self.args[0]} {sign} {self.args[1]})"
 
     __repr__ = __str__
@@ -98,6 +106,8 @@ def size_arithmetic(target: Any, args: tuple) -> Any:
     """`target(*args)` of a graph's Python arithmetic when the result is a float that depends
     on the sizes (a `SizeScalar`); None when it is integer arithmetic on sizes (an `Expr`,
     computed by the index algebra) or plain numbers."""
+    if target in _FLOAT_FNS and len(args) == 1 and is_size_number(args[0]):
+        return SizeScalar(target, tuple(args))
     if target not in _OPS or not any(is_size_number(a) for a in args):
         return None
     floats = target is operator.truediv or any(

@@ -16,6 +16,7 @@ Any guard recorded during lowering means some decision held only for the example
 from __future__ import annotations
 
 import contextlib
+import math
 import operator
 from typing import Any, Iterator
 
@@ -211,6 +212,8 @@ def _atom_of(value: Any) -> Any:
 
 
 PYTHON_OPS[operator.truediv] = operator.truediv  # of plain numbers; else a SizeScalar
+PYTHON_OPS[torch.sym_float] = float
+PYTHON_OPS[torch._sym_sqrt] = math.sqrt
 
 
 def python_op(node: torch.fx.Node, args: tuple) -> Any:

@@ -10,12 +10,14 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from typing import Any
 
 import torch
 
+from kiln.lower.index import size_hint
 from kiln.lower.ir import ExternKernel, Fallback, TensorArg
 from kiln.logs import artifact_enabled, artifact_logger
 from kiln.schedule import FusedGroup
@@ -59,7 +61,8 @@ def dump_artifact(artifact: Any, gm: torch.fx.GraphModule | None) -> str | None:
 
 
 def _json(value: Any) -> str:
-    return json.dumps(value, indent=1) + "\n"
+    # a symbolic size (an index `Expr`) is written as its source text: `s0*64`
+    return json.dumps(value, indent=1, default=str) + "\n"
 
 
 def render_schedule(schedule: Any) -> str:
@@ -110,7 +113,7 @@ def _provenance(origins: Any) -> dict:
 
 def _buffer_bytes(graph: Any, name: str) -> int:
     buf = graph.buffers.get(name)
-    return 0 if buf is None else buf.layout.numel * buf.dtype.itemsize
+    return 0 if buf is None else size_hint(buf.layout.numel) * buf.dtype.itemsize
 
 
 def _group_record(group: FusedGroup, spec: Any, graph: Any) -> dict:
@@ -118,8 +121,9 @@ def _group_record(group: FusedGroup, spec: Any, graph: Any) -> dict:
 
     moved = sum(_buffer_bytes(graph, n) for n in dict.fromkeys(spec.args))
     flops = matmul_flops(group.gemm) if isinstance(group, GemmGroup) else 0
-    return {"name": spec.name, "kind": spec.kind, "numel": int(spec.numel),
-            "rnumel": int(spec.rnumel), "bytes": moved, "flops": flops,
+    # a kernel with symbolic sizes is recorded at the example's sizes
+    return {"name": spec.name, "kind": spec.kind, "numel": size_hint(spec.numel),
+            "rnumel": size_hint(spec.rnumel), "bytes": moved, "flops": flops,
             **_provenance(group.origins), "source": f"kernels/{spec.name}.py"}
 
 
@@ -131,18 +135,18 @@ def _step_kind(node: ExternKernel) -> str:
 
 def _extern_record(node: ExternKernel, graph: Any) -> dict:
     views = {(a.name, a.size, a.stride, a.offset): a for a in node.tensor_args()}
-    moved = sum(math.prod(a.size) * a.dtype.itemsize for a in views.values())
+    moved = sum(math.prod(size_hint(n) for n in a.size) * a.dtype.itemsize for a in views.values())
     moved += sum(_buffer_bytes(graph, o.name) for o in node.output_buffers())
     outs = node.output_buffers()
     numel = outs[0].layout.numel if outs else 0
-    return {"name": node.name, "kind": _step_kind(node), "numel": int(numel),
+    return {"name": node.name, "kind": _step_kind(node), "numel": size_hint(numel),
             "rnumel": _reduction_size(node), "bytes": int(moved), "flops": _flops(node),
             **_provenance(node.origins), "source": None}
 
 
 def _matmul_dims(node: ExternKernel) -> tuple[int, int, int, int] | None:
-    """(batch, M, N, K) of an mm / addmm / bmm call."""
-    args = [a for a in node.args if isinstance(a, TensorArg)]
+    """(batch, M, N, K) of an mm / addmm / bmm call (symbolic sizes at the example's)."""
+    args = [_at_hints(a) for a in node.args if isinstance(a, TensorArg)]
     if node.kind == "mm" and len(args) >= 2:
         (m, k), (_, n) = args[0].size, args[1].size
         return 1, m, n, k
@@ -153,6 +157,11 @@ def _matmul_dims(node: ExternKernel) -> tuple[int, int, int, int] | None:
         (b, m, k), (_, _, n) = args[0].size, args[1].size
         return b, m, n, k
     return None
+
+
+def _at_hints(arg: TensorArg) -> Any:
+    """`arg` with its sizes as ints (a symbolic one at the example's size)."""
+    return dataclasses.replace(arg, size=tuple(size_hint(n) for n in arg.size))
 
 
 def _reduction_size(node: ExternKernel) -> int:
@@ -166,7 +175,7 @@ def _flops(node: ExternKernel) -> int:
     if dims:
         b, m, n, k = dims
         return 2 * b * m * n * k
-    args = [a for a in node.args if isinstance(a, TensorArg)]
+    args = [_at_hints(a) for a in node.args if isinstance(a, TensorArg)]
     if node.kind == "attention" and len(args) >= 3 and len(args[0].size) == 4:
         b, h, lq, d = args[0].size
         return 4 * b * h * lq * args[1].size[2] * d

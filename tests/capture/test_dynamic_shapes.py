@@ -294,6 +294,26 @@ def test_a_recurrent_layer_runs_natively_and_the_rest_stays_dynamic(rnn):
     assert kiln.explain(model.rnn)(torch.randn(2, 5, 16)).graph_count == 0
 
 
+def test_math_sqrt_of_a_size_keeps_it_symbolic():
+    """`x / math.sqrt(x.shape[1])` is `torch._sym_sqrt` of the size in the graph (as under
+    torch.compile), not a guard that specializes it: one capture for every length; a constant
+    argument still folds."""
+    import math
+
+    backend = CountingAot()
+
+    def f(x):
+        return (x / math.sqrt(x.shape[1])).softmax(-1) * math.sqrt(4)
+
+    compiled = kiln.compile(f, backend=backend, dynamic=True)
+    for n in (3, 5, 4, 7):
+        x = torch.randn(2, n)
+        _close(compiled(x), f(x))
+    assert backend.count == 1
+    targets = [n.target for n in backend.gms[0].graph.nodes if n.op == "call_function"]
+    assert torch._sym_sqrt in targets and math.sqrt not in targets
+
+
 def test_size_read_in_the_graph_is_returned_as_an_int():
     def f(x):
         return x.shape[0] * 2 + x.size(1), x.numel(), x.flatten()

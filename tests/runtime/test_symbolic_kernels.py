@@ -129,31 +129,31 @@ def test_size_one_dim_broadcast_next_to_a_symbolic_dim(device, kernel_compiles):
             torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
 
-def _float_power_of_a_size(x, i):
-    return x * x.shape[-1] ** 0.5 + i.sum()
+def _integer_power_of_a_size(x, i):
+    return x * x.shape[-1] ** 2 + i.sum()  # an integer power: not in the symbolic lowering yet
 
 
 def test_unsupported_graph_compiles_per_size(device):
-    """A float power of a size (`sym_float`) is outside the symbolic path: per size, right
-    answers."""
+    """An integer power of a size is outside the symbolic path (a float power, `n ** 0.5`, is
+    a size scalar since 2026-12-05): per size, right answers."""
     x, i = torch.randn(2, 3, 8, device=device), torch.tensor([0, 2, 5], device=device)
-    gm = torch.fx.symbolic_trace(_float_power_of_a_size)
+    gm = torch.fx.symbolic_trace(_integer_power_of_a_size)
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             node.meta["val"] = None
 
     def compile_symbolic(graph, inputs):
-        return compile_graph(_symbolic(_float_power_of_a_size, tuple(inputs)), [])
+        return compile_graph(_symbolic(_integer_power_of_a_size, tuple(inputs)), [])
 
     def compile_static(graph, inputs):
-        return lambda *args: (_float_power_of_a_size(*args),)
+        return lambda *args: (_integer_power_of_a_size(*args),)
 
     with pytest.raises(SymbolicShapeError):
         compile_symbolic(gm, [x, i])
     gm.graph.find_nodes(op="placeholder")[0].meta["val"] = _symbolic_meta(x)
     compiled = symbolic_or_per_size(compile_symbolic, compile_static, gm, [x, i])
     assert isinstance(compiled, SizeCache)
-    torch.testing.assert_close(compiled(x, i)[0], _float_power_of_a_size(x, i))
+    torch.testing.assert_close(compiled(x, i)[0], _integer_power_of_a_size(x, i))
 
 
 def _symbolic_meta(x):
@@ -559,3 +559,54 @@ def test_a_window_sliced_off_the_end_of_a_symbolic_dim_stays_symbolic(device, re
         if fn is window:  # one symbolic variant for n >= 4 and one below: nothing per size
             assert recorder.per_size == [], recorder.per_size
             assert [t.symbolic for t in recorder.autograd_traces] == [True, True]
+
+
+def test_math_sqrt_of_a_symbolic_size_stays_symbolic(device, recorder):
+    """`x / math.sqrt(x.size(-1))` (attention's scale from the head or model dim) under
+    dynamic=True: capture makes it `torch._sym_sqrt` (as torch.compile does) instead of a guard
+    that specialized the size, the autograd stage reads it from the input's size, and the kernel
+    computes it in float64 from its size argument: one trace for every size, forward and
+    backward equal to eager."""
+    import math
+
+    import kiln
+
+    def fn(x):
+        return (x / math.sqrt(x.shape[-1])).softmax(-1) * math.sqrt(x.shape[0] / 2) \
+            - x * x.shape[1] ** 0.5
+
+    compiled = kiln.compile(fn, backend="kiln", dynamic=True)
+    for rows, cols in ((3, 5), (4, 7), (6, 16), (2, 9)):
+        x = torch.randn(rows, cols, device=device, requires_grad=True)
+        x2 = x.detach().clone().requires_grad_(True)
+        got, want = compiled(x2), fn(x)
+        torch.testing.assert_close(got, want)
+        weight = torch.randn(rows, cols, device=device)
+        (got * weight).sum().backward()
+        (want * weight).sum().backward()
+        torch.testing.assert_close(x2.grad, x.grad)
+    assert recorder.per_size == [], recorder.per_size
+    assert [t.symbolic for t in recorder.autograd_traces] == [True], recorder.autograd_traces
+
+
+def test_a_debug_dir_does_not_send_symbolic_kernels_per_size(device, recorder, tmp_path,
+                                                             monkeypatch):
+    """KILN_DEBUG_DIR records each kernel's numel: `int()` of a symbolic one raised, and the
+    symbolic compile fell back to per size only when the debug dir was set. Recorded at the
+    example's sizes now."""
+    import kiln
+    from kiln.config import config
+
+    monkeypatch.setattr(config, "debug_dir", str(tmp_path))
+    monkeypatch.setattr(config, "warm_start", False)  # a warm start writes no artifacts
+
+    def fn(x, w):
+        return (x @ w).softmax(-1) + x.sum(-1, keepdim=True)
+
+    compiled = kiln.compile(fn, backend="kiln", dynamic=True)
+    w = torch.randn(6, 6, device=device)
+    for rows in (3, 5, 9):
+        x = torch.randn(rows, 6, device=device)
+        torch.testing.assert_close(compiled(x, w), fn(x, w))
+    assert recorder.per_size == [], recorder.per_size
+    assert list(tmp_path.glob("*/kernels.json")), sorted(p.name for p in tmp_path.iterdir())

@@ -7,6 +7,7 @@ stops capture with the reason.
 from __future__ import annotations
 
 import functools
+import math
 import operator
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -356,6 +357,14 @@ def _abs(tx: Translator, args: Args, kwargs: Kwargs) -> VT | None:
     return None
 
 
+def _sqrt(tx: Translator, args: Args, kwargs: Kwargs) -> VT | None:
+    """`math.sqrt` of a symbolic size (`scores / math.sqrt(q.size(-1))`): `torch._sym_sqrt`, a
+    symbolic float as torch.compile makes it, instead of a guard specializing the size."""
+    if len(args) == 1 and not kwargs and isinstance(args[0], SymScalarVT):
+        return scalar_op(tx, torch._sym_sqrt, args)
+    return None
+
+
 def _getattr(tx: Translator, args: Args, kwargs: Kwargs) -> VT | None:
     obj, name = args[0], args[1].as_constant()
     if len(args) == 3:
@@ -474,6 +483,7 @@ _HANDLERS: dict[Any, Callable[[Translator, Args, Kwargs], VT | None]] = {
     any: _all_any(True), sum: _sum, min: _min_max(min), max: _min_max(max), abs: _abs,
     getattr: _getattr, hasattr: _hasattr, setattr: _setattr, delattr: _delattr, slice: _slice,
     print: _print, callable: _callable, super: _super, bool: _bool, id: _id, sorted: _sorted,
+    math.sqrt: _sqrt,
 }
 
 
