@@ -13,6 +13,29 @@ def _evaluate(expr: str, **names):
     return eval(compile(expr, "<guard>", "eval"), {}, dict(names))  # noqa: S307
 
 
+def _counting_config(reads: list[str]) -> type:
+    """A transformers-style config class: every attribute read goes through a Python
+    `__getattribute__`, and is appended to `reads`."""
+    class Config:
+        def __getattribute__(self, name):
+            reads.append(name)
+            return object.__getattribute__(self, name)
+
+    return Config
+
+
+def _compiled_then_one_counted_call(model: torch.nn.Module, x: torch.Tensor,
+                                    reads: list[str]) -> torch.nn.Module:
+    """`model` compiled and called until warm (equal to eager), then once more with `reads`
+    holding only that call's reads."""
+    compiled = kiln.compile(model, backend="eager")
+    for _ in range(3):
+        torch.testing.assert_close(compiled(x), model(x))
+    reads.clear()
+    compiled(x)
+    return compiled
+
+
 def test_a_repeated_path_is_read_once_and_the_answer_is_the_same():
     reads = []
 
@@ -56,12 +79,8 @@ def test_a_chain_without_repeats_is_unchanged():
 def test_compiled_calls_read_a_custom_getattribute_config_once_per_attribute():
     """A transformers-style config (a Python `__getattribute__`) read by several guards: each
     of its attributes costs one read per call, and a changed value still recompiles."""
-    reads = []
-
-    class Config:
-        def __getattribute__(self, name):
-            reads.append(name)
-            return object.__getattribute__(self, name)
+    reads: list[str] = []
+    Config = _counting_config(reads)
 
     class Model(torch.nn.Module):
         def __init__(self):
@@ -107,12 +126,8 @@ def test_a_graph_calls_inputs_read_their_shared_module_path_once():
             return self.block.b(self.block.a(x).relu())
 
     model = Model()
-    compiled = kiln.compile(model, backend="eager")
     x = torch.randn(2, 4)
-    for _ in range(3):
-        torch.testing.assert_close(compiled(x), model(x))
-    reads.clear()
-    compiled(x)
+    compiled = _compiled_then_one_counted_call(model, x, reads)
     entry_reads = len(reads)
     assert entry_reads <= 2, reads  # guards and the graph call: one read each at most
     model.block.a = torch.nn.Linear(4, 4)
@@ -124,12 +139,8 @@ def test_one_config_held_by_every_layer_is_read_through_one_path():
     one tracker for the object, the other paths guarded to hold that same object (`is`), so a
     call reads each config attribute once, not once per layer. A layer given a config of its
     own then fails that guard and gets its own answer."""
-    reads = []
-
-    class Config:
-        def __getattribute__(self, name):
-            reads.append(name)
-            return object.__getattribute__(self, name)
+    reads: list[str] = []
+    Config = _counting_config(reads)
 
     class Layer(torch.nn.Module):
         def __init__(self, config):
@@ -154,12 +165,8 @@ def test_one_config_held_by_every_layer_is_read_through_one_path():
             return x
 
     model = Model()
-    compiled = kiln.compile(model, backend="eager")
     x = torch.randn(2, 4)
-    for _ in range(3):
-        torch.testing.assert_close(compiled(x), model(x))
-    reads.clear()
-    compiled(x)
+    compiled = _compiled_then_one_counted_call(model, x, reads)
     assert reads.count("scale") <= 1 and reads.count("relu") <= 1, reads
     own = Config()
     own.scale, own.relu = 3.0, False
