@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["is_hashable"]
+__all__ = ["error_line", "is_hashable"]
 
 
 def is_hashable(value: Any) -> bool:
@@ -13,3 +13,10 @@ def is_hashable(value: Any) -> bool:
     except TypeError:
         return False
     return True
+
+
+def error_line(err: BaseException) -> str:
+    """`Type: first line of the message` (just `Type` for an empty message), for one-line logs
+    and records of an exception."""
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__

@@ -50,6 +50,7 @@ from kiln.autograd.trace import lifted_attributes, trace_inference, trace_joint
 from kiln.config import config
 from kiln.errors import KilnError
 from kiln import records
+from kiln._util import error_line
 from kiln.logs import artifact_enabled, artifact_logger, info_once, warn_once
 
 __all__ = ["Compilers", "CompiledGraph", "DoubleBackwardError", "EagerVariant", "InferenceVariant",
@@ -193,7 +194,7 @@ class CompiledGraph:
                                          self.capture_replacements)
             conditions = SizeConditions(facts, variant.joint.size_symbols) if facts else None
         except Exception as err:  # noqa: BLE001 - the per-size traces give eager's answer
-            reason = f"{type(err).__name__}: {str(err).splitlines()[0]}"
+            reason = error_line(err)
             log.info("kiln: a graph with symbolic sizes is traced per size: the symbolic "
                      "autograd trace failed (%s)", reason)
             log.debug("the symbolic autograd trace's failure", exc_info=True)
@@ -395,9 +396,9 @@ class TrainingVariant(Variant):
                     raise
                 # the forward already ran compiled: its saved tensors fit the traced backward
                 # graph, which torch's own kernels can run op by op
-                log.warning("kiln: compiling a backward graph failed (%s: %s); it runs as its "
+                log.warning("kiln: compiling a backward graph failed (%s); it runs as its "
                             "traced ATen ops (eager kernels) instead. Set KILN_SUPPRESS_ERRORS=0 "
-                            "to raise.", type(err).__name__, str(err).splitlines()[0][:200])
+                            "to raise.", error_line(err)[:240])
                 self.bw = bw_gm
         return self.bw
 

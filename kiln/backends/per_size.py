@@ -15,6 +15,7 @@ from typing import Any, Callable
 import torch
 
 from kiln import records
+from kiln._util import error_line
 from kiln.autograd.size_variants import PerSizeVariants
 from kiln.autograd.symbolic import symbolic_positions
 
@@ -76,7 +77,7 @@ def symbolic_or_per_size(compile_symbolic: Compile, compile_static: Compile,
     try:
         compiled = compile_symbolic(gm, list(example_inputs))
     except Exception as err:  # noqa: BLE001 - per-size compiles are always right
-        reason = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        reason = error_line(err)
         log.info("kiln backend: a graph with symbolic sizes compiles per size: the symbolic "
                  "path failed (%s)", reason)
         records.emit("per_size", f"kiln backend: {reason}")

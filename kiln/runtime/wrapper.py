@@ -289,9 +289,8 @@ class _Writer:
         if isinstance(buf, (InputBuffer, ConstantBuffer)) or self.graph.symbolic:
             return False
         lay = buf.layout
-        return _index_range(arg.size, arg.stride, arg.offset) is not None and \
-            _within(_index_range(arg.size, arg.stride, arg.offset),
-                    _index_range(lay.size, lay.stride, lay.offset))
+        return _within(_index_range(arg.size, arg.stride, arg.offset),
+                       _index_range(lay.size, lay.stride, lay.offset))
 
     def _value(self, value: Any) -> str:
         if isinstance(value, TensorArg):

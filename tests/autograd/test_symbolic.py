@@ -455,3 +455,20 @@ def test_a_dim_specialized_by_the_trace_is_read_from_the_input_it_was_made_for(r
             close(compiled(x), fn(x), f"{n} tokens")
     traces = recorder.autograd_traces
     assert len(traces) == 1 and traces[0].symbolic, traces
+
+
+def test_a_symbolic_trace_failing_without_a_message_still_traces_per_size(monkeypatch,
+                                                                          recorder):
+    """The per-size fallback's one-line reason of an exception with an empty message is its
+    type (taking the message's first line raised IndexError inside the fallback itself)."""
+    def refuse(fake_mode, example):
+        raise RuntimeError()
+
+    monkeypatch.setattr(trace_module, "_symbolic_fake", refuse)
+    model = MLP().eval()
+    compiled = kiln.compile(model, backend="aot_eager")
+    with torch.no_grad():
+        for size in (2, 3, 4):
+            x = torch.randn(size, 12)
+            close(compiled(x), model(x), f"size {size}")
+    assert recorder.per_size == ["autograd stage: RuntimeError"]
