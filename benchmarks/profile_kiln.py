@@ -1,6 +1,10 @@
 """Where the GPU time goes: per-kernel CUDA time of one call, kiln vs torch.compile.
 
     python benchmarks/profile_kiln.py [--cases seed_infer,seed_train,rmsnorm,softmax] [--top 25]
+    python benchmarks/profile_kiln.py --cases timm:resnet50,timm:resnet50:train
+
+A `timm:NAME` case is that timm model in bf16 at batch 64, 224 px (the zoo's sizes), inference,
+or one forward + backward with `:train`.
 
 For each case, runs a few warm-up calls, then profiles 5 calls with torch.profiler and prints
 the CUDA kernels sorted by total time (µs per call) and the kernel count per call. Set
@@ -61,6 +65,17 @@ def micro(name: str, variant: str) -> Callable[[], Any]:
     return lambda: compiled(*args)
 
 
+def timm_case(spec: str, variant: str) -> Callable[[], Any]:
+    import timm
+
+    _, name, *phase = spec.split(":")
+    train = phase == ["train"]
+    torch.manual_seed(0)
+    model = timm.create_model(name, pretrained=False).cuda().to(torch.bfloat16).train(train)
+    x = torch.randn(64, 3, 224, 224, device="cuda", dtype=torch.bfloat16)
+    return seed_step(compile_variant(variant, model, None), x, "train" if train else "infer")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default="seed_infer,seed_train,rmsnorm,softmax")
@@ -71,7 +86,9 @@ def main() -> None:
         for variant in a.variants.split(","):
             reset_all()
             print(f"== {case} / {variant}")
-            if case.startswith("seed_"):
+            if case.startswith("timm:"):
+                fn = timm_case(case, variant)
+            elif case.startswith("seed_"):
                 phase = case.split("_")[1]
                 fn = seed(torch.bfloat16, phase, variant)
             else:

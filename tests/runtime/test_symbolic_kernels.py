@@ -589,6 +589,33 @@ def test_math_sqrt_of_a_symbolic_size_stays_symbolic(device, recorder):
     assert [t.symbolic for t in recorder.autograd_traces] == [True], recorder.autograd_traces
 
 
+def test_torch_tensor_of_symbolic_sizes_stays_symbolic(device, recorder):
+    """`torch.tensor([x.shape[1], 2.0])` and `torch.as_tensor(x.shape[0])` under dynamic=True:
+    the fake `torch.tensor` reads each number's value (a guard per size); capture records one
+    `scalar_tensor` per number, stacked, as torch.compile does. Dtypes as eager infers them
+    (float32 with a float in the list, int64 for sizes alone); one trace for every size."""
+    import kiln
+
+    def fn(x):
+        pair = torch.tensor([x.shape[1], 2.0], device=x.device)
+        rows = torch.as_tensor(x.shape[0], device=x.device)
+        return x * pair[0] + pair[1] + rows, rows.dtype
+
+    compiled = kiln.compile(fn, backend="kiln", dynamic=True)
+    for rows, cols in ((3, 5), (4, 7), (6, 16), (2, 9)):
+        x = torch.randn(rows, cols, device=device, requires_grad=True)
+        x2 = x.detach().clone().requires_grad_(True)
+        (got, got_dtype), (want, want_dtype) = compiled(x2), fn(x)
+        torch.testing.assert_close(got, want)
+        assert got_dtype == want_dtype == torch.int64
+        weight = torch.randn(rows, cols, device=device)
+        (got * weight).sum().backward()
+        (want * weight).sum().backward()
+        torch.testing.assert_close(x2.grad, x.grad)
+    assert recorder.per_size == [], recorder.per_size
+    assert [t.symbolic for t in recorder.autograd_traces] == [True], recorder.autograd_traces
+
+
 def test_a_debug_dir_does_not_send_symbolic_kernels_per_size(device, recorder, tmp_path,
                                                              monkeypatch):
     """KILN_DEBUG_DIR records each kernel's numel: `int()` of a symbolic one raised, and the

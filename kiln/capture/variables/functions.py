@@ -263,10 +263,13 @@ class TorchFunctionVT(_KnownCallableVT):
 
     def call(self, tx: Translator, args: list[VT], kwargs: dict[str, VT]) -> VT:
         from kiln.capture import numpy_ops
+        from kiln.capture.variables.scalars import tensor_of_numbers
         from kiln.capture.variables.tensor import graph_call
         if numpy_ops.has_array([args, kwargs]):  # torch.from_numpy(arr), torch.as_tensor(arr)
             return numpy_ops.torch_interop(tx, self.fn, args, kwargs)
-        return graph_call(tx, "call_function", self.fn, args, kwargs)
+        numbers = tensor_of_numbers(tx, self.fn, args, kwargs)
+        return numbers if numbers is not None else graph_call(tx, "call_function", self.fn, args,
+                                                              kwargs)
 
 
 class OpaqueCallableVT(_KnownCallableVT):

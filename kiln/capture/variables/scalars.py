@@ -25,7 +25,8 @@ from kiln.capture.variables.base import VT, ConstantVT
 if TYPE_CHECKING:
     from kiln.capture.translator import Translator
 
-__all__ = ["SymScalarVT", "VALUE_ONLY_TARGETS", "specialize_all", "scalar_op"]
+__all__ = ["SymScalarVT", "VALUE_ONLY_TARGETS", "specialize_all", "scalar_op",
+           "tensor_of_numbers"]
 
 # Graph targets whose scalar arguments only feed values, never shapes: symbolic numbers may
 # flow into these. Any other use specializes.
@@ -35,7 +36,7 @@ VALUE_ONLY_TARGETS = frozenset({
     operator.ne, operator.iadd, operator.isub, operator.imul, operator.itruediv,
     torch.add, torch.sub, torch.mul, torch.div, torch.pow, torch.clamp, torch.maximum,
     torch.minimum, "add", "sub", "mul", "div", "pow", "clamp", "add_", "sub_", "mul_", "div_",
-    "masked_fill", "masked_fill_", "fill_", "clamp_",
+    "masked_fill", "masked_fill_", "fill_", "clamp_", torch.scalar_tensor,
 })
 
 
@@ -105,3 +106,30 @@ def scalar_op(tx: Translator, op: Any, args: list[VT]) -> SymScalarVT:
                                         lambda: op(*(p[1] for p in pairs)))
     roots = tuple(dict.fromkeys(r for a in args if isinstance(a, SymScalarVT) for r in a.roots))
     return SymScalarVT(node, value, roots, tx.output)
+
+
+def tensor_of_numbers(tx: Translator, fn: Any, args: list[VT], kwargs: dict[str, VT]) -> VT | None:
+    """`torch.tensor(n)` / `torch.tensor([n, 2.0])` (or `as_tensor`) holding symbolic numbers: one
+    `scalar_tensor` per number, stacked, so the numbers stay symbolic (the fake `torch.tensor`
+    would read each one's value, a guard per size). None where this does not apply."""
+    from kiln.capture.variables.containers import ListVT, TupleVT
+    from kiln.capture.variables.tensor import graph_call
+    if fn not in (torch.tensor, torch.as_tensor) or len(args) != 1 or set(kwargs) - {"dtype",
+                                                                                    "device"}:
+        return None
+    data = args[0]
+    items = data.items if isinstance(data, (ListVT, TupleVT)) else [data]
+    if not any(isinstance(i, SymScalarVT) for i in items) or not all(
+            isinstance(i, SymScalarVT) or (isinstance(i, ConstantVT) and type(i.value) in
+                                           (int, float, bool)) for i in items):
+        return None
+    kinds = {i.python_type() for i in items}
+    dtype = kwargs["dtype"].as_constant() if "dtype" in kwargs else (
+        torch.get_default_dtype() if float in kinds else torch.bool if kinds == {bool}
+        else torch.int64)
+    options = {"dtype": ConstantVT(dtype), **({"device": kwargs["device"]} if "device" in kwargs
+                                             else {})}
+    scalars = [graph_call(tx, "call_function", torch.scalar_tensor, [i], options) for i in items]
+    if data is items[0] and not isinstance(data, (ListVT, TupleVT)):
+        return scalars[0]
+    return graph_call(tx, "call_function", torch.stack, [ListVT(scalars)], {})
