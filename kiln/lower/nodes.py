@@ -107,7 +107,7 @@ class Layout:
 
     def is_dense(self) -> bool:
         """Non-overlapping and gap-free (some permutation of contiguous)."""
-        if self._is_contiguous():
+        if self.is_contiguous():
             return True  # decided without ordering strides, which symbolic sizes may not allow
         dims = sorted((st, s) for s, st in zip(self.size, self.stride) if s != 1)
         expected = 1
@@ -117,7 +117,8 @@ class Layout:
             expected *= s
         return True
 
-    def _is_contiguous(self) -> bool:
+    def is_contiguous(self) -> bool:
+        """Row-major for its size (strides of size-1 dims do not matter)."""
         expected: Any = 1
         for s, st in reversed(tuple(zip(self.size, self.stride))):
             if s != 1 and st != expected:

@@ -26,7 +26,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from kiln.lower.ir import (Buffer, ConstantBuffer, ExternKernel, ExternOutput, Fallback,
-                           IRGraph, InputBuffer, TensorArg)
+                           IRGraph, InputBuffer, Layout, TensorArg)
 from kiln.lower.printer import format_value
 from kiln.runtime.symbolic import size_param, symbolic_prologue
 from kiln.schedule import FusedGroup, Schedule
@@ -40,6 +40,12 @@ log = logging.getLogger("kiln.runtime")
 # ops skip the checks `scaled_dot_product_attention` does (the CPU flash kernel silently reads a
 # transposed k wrongly), so such views are copied first.
 DENSE_LAST_DIM = ("attention", "attention_backward")
+
+# Library calls that always return a fresh contiguous tensor (ATen allocates their result with
+# at::empty({...})): a contiguous recorded layout needs no `fit_layout` check after them, which
+# saves a Python call per GEMM per run (host time at batch 1).
+CONTIGUOUS_RESULTS = frozenset({torch.ops.aten.mm.default, torch.ops.aten.addmm.default,
+                                torch.ops.aten.bmm.default, torch.ops.aten.baddbmm.default})
 
 _PRELUDE = """\
 import torch
@@ -416,7 +422,7 @@ class _Writer:
             self._line(call)
         for out in node.outputs:
             if isinstance(out, ExternOutput) and out.layout.numel > 0 \
-                    and out.name not in self.dropped:
+                    and out.name not in self.dropped and not _layout_certain(node, out.layout):
                 lay = out.layout
                 self._line(f"{out.name} = fit_layout({out.name}, {tuple(lay.size)}, "
                            f"{tuple(lay.stride)}, {lay.offset})")
@@ -464,6 +470,10 @@ def _index_range(size: Sequence[Any], stride: Sequence[Any],
 def _within(inner: tuple[int, int] | None, outer: tuple[int, int] | None) -> bool:
     return inner is not None and outer is not None and \
         outer[0] <= inner[0] and inner[1] <= outer[1]
+
+
+def _layout_certain(node: ExternKernel, lay: Layout) -> bool:
+    return node.op in CONTIGUOUS_RESULTS and lay.offset == 0 and lay.is_contiguous()
 
 
 def _returns_single(node: ExternKernel) -> bool:
