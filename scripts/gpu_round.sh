@@ -15,9 +15,8 @@
 # kiln's GEMM templates vs torch.compile's, inference and training) are a call each.
 #
 # Env: SUITE_S / FUZZ_S / DYNAMIC_S / LATENCY_S bound each part in seconds (defaults 380 / 360 /
-# 200 / 240),
-# ZOO_S / AUTOTUNE_S (500 / 500), ZOO_ONLY (zoo.py --only),
-# FUZZ_SEED (default: the date as a number), PARALLEL (12), DYNAMIC_ARGS (extra arguments of
+# 200 / 240), ZOO_S / AUTOTUNE_S (500 / 500), ZOO_ONLY (zoo.py --only), FUZZ_SEED (default: the
+# date as a number), FUZZ_WORKERS (4), PARALLEL (12), DYNAMIC_ARGS (extra arguments of
 # benchmarks/dynamic_sweep.py, e.g. "--models gpt2": both models take longer than one call).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -30,7 +29,7 @@ tests/schedule/test_split.py tests/suite/test_suite_capture.py"
 
 if [[ " $parts " == *" fuzz "* ]]; then
     ( timeout "${FUZZ_S:-360}" python3 -m kiln fuzz --seed "${FUZZ_SEED:-$(date +%Y%m%d)}" \
-        --count 10000 --backend kiln --device cuda --workers 4 --size tiny --timeout 60 \
+        --count 10000 --backend kiln --device cuda --workers "${FUZZ_WORKERS:-4}" --size tiny --timeout 60 \
         --time-budget "$(( ${FUZZ_S:-360} - 20 ))" --out "$out/fuzz" > "$out/fuzz.log" 2>&1
       echo "fuzz exit $?" >> "$out/fuzz.log" ) &
 fi
