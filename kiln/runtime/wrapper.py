@@ -105,10 +105,13 @@ BIAS_ALIGNMENT = 16  # elements: torch pads SDPA masks the same way before its k
 def aligned_bias(bias: torch.Tensor | None) -> torch.Tensor | None:
     """An attention bias whose rows start 16-element aligned. The CUDA attention kernels
     refuse others ("attn_bias is not correctly aligned (strideM)"); the public SDPA pads the
-    mask and slices it back, the private ops kiln calls do not, so the wrapper does."""
+    mask and slices it back, the private ops kiln calls do not, so the wrapper does. The
+    stride of a size-1 dim is never stepped and the kernels do not check it (GPT-2's causal
+    mask, strides (1, 1, L, 1), was padded per layer per call before)."""
     if bias is None or bias.dim() < 2:
         return bias
-    if all(s % BIAS_ALIGNMENT == 0 for s in bias.stride()[:-1]) and bias.stride(-1) == 1:
+    if bias.stride(-1) == 1 and all(s % BIAS_ALIGNMENT == 0 or n == 1 for n, s in
+                                    zip(bias.shape[:-1], bias.stride()[:-1])):
         return bias
     last = bias.shape[-1]
     width = -(-last // BIAS_ALIGNMENT) * BIAS_ALIGNMENT
