@@ -12,6 +12,12 @@
   wrappers call): half the host cost. `offset` counts from `t`'s own storage offset (as_strided's
   from the storage's start). The wrapper uses it only where it proved the view lies
   inside a buffer it laid out itself (`wrapper._Writer._view`); `as_strided` where torch lacks it.
+- `empty_cpu(size, stride, dtype)` / `empty_cuda(size, stride, dtype)`: a new uninitialized
+  tensor without the dispatcher's `empty_strided` path (`torch._C._dynamo.guards.
+  _empty_strided_cpu` / `_cuda`, what Inductor's wrappers allocate with: 0.4 vs 1.0 us on the
+  CPU, 3.9 us per `empty_strided` on the H100 host). `empty_cuda` allocates on the current
+  device: the wrapper calls it only inside its `torch.cuda.device` guard, for buffers of that
+  device. `torch.empty_strided` with the device where torch lacks them.
 - `end_failed_capture(device, pool)`: what `torch.cuda.graph` leaves undone when a capture fails
   (a host sync inside it invalidates the capture, and `capture_end` raises before its cleanup):
   the device's default generator stays in capture mode, so every later random op on the device
@@ -23,7 +29,8 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["alias_view", "data_ptrs_equal", "end_failed_capture", "storage_use_count"]
+__all__ = ["alias_view", "data_ptrs_equal", "empty_cpu", "empty_cuda", "end_failed_capture",
+           "storage_use_count"]
 
 
 def storage_use_count(t: torch.Tensor) -> int:
@@ -68,3 +75,17 @@ def _alias_view() -> object:
 
 
 alias_view = _alias_view()
+
+
+def _empty_fn(device_type: str, name: str | None = None) -> object:
+    try:
+        from torch._C._dynamo import guards
+        return getattr(guards, name or f"_empty_strided_{device_type}")
+    except (ImportError, AttributeError):
+        device = torch.device(device_type)
+        return lambda size, stride, dtype: torch.empty_strided(size, stride, dtype=dtype,
+                                                               device=device)
+
+
+empty_cpu = _empty_fn("cpu")
+empty_cuda = _empty_fn("cuda")

@@ -19,6 +19,7 @@ and `storage_base(t)` otherwise.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import linecache
 import logging
 from typing import Any, Callable, Mapping, Sequence
@@ -49,7 +50,7 @@ CONTIGUOUS_RESULTS = frozenset({torch.ops.aten.mm.default, torch.ops.aten.addmm.
 
 _PRELUDE = """\
 import torch
-from kiln.runtime._compat import alias_view
+from kiln.runtime._compat import alias_view, empty_cpu, empty_cuda
 from kiln.runtime.wrapper import aligned_bias, fit_layout, reinterpret, storage_base
 from kiln.runtime.symbolic import check_extents
 aten = torch.ops.aten
@@ -360,7 +361,7 @@ class _Writer:
                 "(kiln.runtime.wrapper.load_wrapper).", _PRELUDE]
         head += [f"{name} = {text}" for text, name in self.globals.items()]
         lines = self.lines
-        cuda = self._cuda_index()
+        cuda = self._cuda_index
         if cuda is not None:  # launchers launch on the current device (Inductor's guard too)
             lines = [f"    with torch.cuda.device({cuda}):"] + \
                     [("    " + line) if line else line for line in lines]
@@ -368,6 +369,7 @@ class _Writer:
                 f'    """inputs: {", ".join(params) or "none"}"""', *lines]
         return "\n".join(head + body) + "\n"
 
+    @functools.cached_property
     def _cuda_index(self) -> int | None:
         for buf in self.graph.buffers.values():
             if buf.layout.device.type == "cuda":
@@ -388,8 +390,21 @@ class _Writer:
                        f"  # reuses {old}")
             self._line(f"del {old}")
             return
+        fast = self._fast_empty(lay.device)
+        if fast:  # without the dispatcher: a few us per buffer per call on a GPU host
+            self._line(f"{name} = {fast}({lay.size}, {lay.stride}, {lay.dtype})")
+            return
         self._line(f"{name} = empty_strided({lay.size}, {lay.stride}, dtype={lay.dtype}, "
                    f"device={self._device(lay.device)})")
+
+    def _fast_empty(self, device: torch.device) -> str | None:
+        """`empty_cpu` for CPU buffers; `empty_cuda` for buffers of the device the wrapper's
+        guard makes current (it allocates there); None for any other device."""
+        if device.type == "cpu":
+            return "empty_cpu"
+        if device.type == "cuda" and (device.index or 0) == self._cuda_index:
+            return "empty_cuda"
+        return None
 
     def _write_kernel(self, group: FusedGroup) -> None:
         spec = self.specs[group.name]

@@ -242,3 +242,23 @@ def test_alias_view_counts_its_offset_from_the_tensors_own_offset():
         got = view(t, (2, 2), (3, 1), 4)
         assert got.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
         torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_fast_empty_allocates_the_requested_layout(device):
+    """The wrapper allocates with `empty_cpu` / `empty_cuda` (Inductor's allocators without the
+    dispatcher) and their `empty_strided` fallback: same size, strides, dtype and device, and
+    a CUDA buffer on the device made current, as the wrapper's guard does."""
+    import contextlib
+
+    from kiln.runtime import _compat
+
+    made = [_compat.empty_cuda if device.type == "cuda" else _compat.empty_cpu,
+            _compat._empty_fn(device.type, "_missing")]  # the fallback
+    guard: contextlib.AbstractContextManager = contextlib.nullcontext()
+    if device.type == "cuda":
+        guard = torch.cuda.device(device)
+    with guard:
+        for empty in made:
+            t = empty((3, 4, 5), (20, 1, 4), torch.bfloat16)
+            assert (t.shape, t.stride(), t.dtype) == ((3, 4, 5), (20, 1, 4), torch.bfloat16)
+            assert t.device.type == device.type and (t.device.index or 0) == (device.index or 0)
