@@ -4,7 +4,9 @@
     python benchmarks/profile_kiln.py --cases timm:resnet50,timm:resnet50:train
 
 A `timm:NAME` case is that timm model in bf16 at batch 64, 224 px (the zoo's sizes), inference,
-or one forward + backward with `:train`.
+or one forward + backward with `:train`. Variants: eager, torch.compile, kiln, and
+`kiln_channels_last` (kiln with `config.channels_last` on: its conv graphs in NHWC), so one
+process compares the layouts beside torch.compile.
 
 For each case, runs a few warm-up calls, then profiles 5 calls with torch.profiler and prints
 the CUDA kernels sorted by total time (µs per call) and the kernel count per call. Set
@@ -25,6 +27,7 @@ for path in (os.path.dirname(HERE), HERE):
     if path not in sys.path:
         sys.path.insert(0, path)
 
+from kiln.config import config as kiln_config  # noqa: E402
 from backend_gpu import (compile_variant, micro_cases, reset_all, seed_model,  # noqa: E402
                          seed_step)
 
@@ -82,10 +85,13 @@ def main() -> None:
     ap.add_argument("--variants", default="kiln,torch.compile")
     ap.add_argument("--top", type=int, default=25)
     a = ap.parse_args()
+    channels_last = kiln_config.channels_last  # KILN_CHANNELS_LAST, for the plain kiln variant
     for case in a.cases.split(","):
-        for variant in a.variants.split(","):
+        for name in a.variants.split(","):
             reset_all()
-            print(f"== {case} / {variant}")
+            kiln_config.channels_last = channels_last or name == "kiln_channels_last"
+            variant = "kiln" if name == "kiln_channels_last" else name
+            print(f"== {case} / {name}")
             if case.startswith("timm:"):
                 fn = timm_case(case, variant)
             elif case.startswith("seed_"):
