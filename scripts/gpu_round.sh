@@ -4,12 +4,14 @@
 # then the dynamic-shape sweep and the small-batch latency modes (CUDA graphs). Logs and JSON
 # under OUT (default gpu_round_out/).
 #
-#   bash scripts/gpu_round.sh [suite|fuzz|dynamic|fn_grid|latency|host_profile|zoo|zoo_train|autotune ...]
+#   bash scripts/gpu_round.sh [suite|fuzz|dynamic|fn_grid|latency|host_profile|conv_profile|zoo|
+#                              zoo_train|autotune ...]
 #
 # The default is suite, fuzz and dynamic (about 600 s, one device call); `latency` (the
 # reduce-overhead modes, benchmarks/reduce_overhead.py) is a second call; `fn_grid` runs the
 # dynamic-shape tests with symbolic kernels launched through fn[grid] instead of the bound route;
-# `host_profile` prints where GPT-2's host time goes at batch 1 (kiln and torch.compile, cProfile).
+# `host_profile` prints where GPT-2's host time goes at batch 1 (kiln and torch.compile, cProfile);
+# `conv_profile` the conv nets' kernels, kiln NCHW / channels-last / torch.compile (CONV_CASES).
 # `zoo` / `zoo_train` (issue 16: the seed block and four timm models, eager / torch.compile / kiln, via the anchors'
 # zoo.py, carried in .anchors/) and `autotune` (issue 17: the seed block under max-autotune,
 # kiln's GEMM templates vs torch.compile's, inference and training) are a call each.
@@ -69,6 +71,14 @@ if [[ " $parts " == *" host_profile "* ]]; then
     timeout "${LATENCY_S:-240}" python3 benchmarks/reduce_overhead.py --cases gpt2 \
         --modes kiln,inductor --profile 300 > "$out/host_profile.log" 2>&1
     tail -n 70 "$out/host_profile.log"
+fi
+if [[ " $parts " == *" conv_profile "* ]]; then
+    # issue 16: per-kernel GPU time of the conv nets, kiln (NCHW and channels-last) beside
+    # torch.compile in one process (benchmarks/profile_kiln.py)
+    timeout "${ZOO_S:-500}" python3 benchmarks/profile_kiln.py \
+        --cases "${CONV_CASES:-timm:resnet50,timm:mobilenetv3_large_100}" \
+        --variants kiln,kiln_channels_last,torch.compile --top 15 > "$out/conv_profile.log" 2>&1
+    tail -n 80 "$out/conv_profile.log"
 fi
 zoo_models="${ZOO_ONLY:-seed_block,timm_resnet50,timm_convnext_tiny,timm_mobilenetv3_large_100,timm_vit_base_patch16_224}"
 for part in zoo zoo_train; do
