@@ -575,7 +575,13 @@ def test_math_sqrt_of_a_symbolic_size_stays_symbolic(device, recorder):
         return (x / math.sqrt(x.shape[-1])).softmax(-1) * math.sqrt(x.shape[0] / 2) \
             - x * x.shape[1] ** 0.5
 
-    compiled = kiln.compile(fn, backend="kiln", dynamic=True)
+    _one_symbolic_trace_over_sizes(kiln.compile(fn, backend="kiln", dynamic=True), fn, device,
+                                   recorder)
+
+
+def _one_symbolic_trace_over_sizes(compiled, fn, device, recorder) -> None:
+    """`compiled` (fn under dynamic=True) over four 2-D sizes: forward and backward equal to
+    eager, one symbolic autograd trace, nothing compiled per size."""
     for rows, cols in ((3, 5), (4, 7), (6, 16), (2, 9)):
         x = torch.randn(rows, cols, device=device, requires_grad=True)
         x2 = x.detach().clone().requires_grad_(True)
@@ -599,21 +605,16 @@ def test_torch_tensor_of_symbolic_sizes_stays_symbolic(device, recorder):
     def fn(x):
         pair = torch.tensor([x.shape[1], 2.0], device=x.device)
         rows = torch.as_tensor(x.shape[0], device=x.device)
-        return x * pair[0] + pair[1] + rows, rows.dtype
+        return x * pair[0] + pair[1] + rows
 
-    compiled = kiln.compile(fn, backend="kiln", dynamic=True)
-    for rows, cols in ((3, 5), (4, 7), (6, 16), (2, 9)):
-        x = torch.randn(rows, cols, device=device, requires_grad=True)
-        x2 = x.detach().clone().requires_grad_(True)
-        (got, got_dtype), (want, want_dtype) = compiled(x2), fn(x)
-        torch.testing.assert_close(got, want)
-        assert got_dtype == want_dtype == torch.int64
-        weight = torch.randn(rows, cols, device=device)
-        (got * weight).sum().backward()
-        (want * weight).sum().backward()
-        torch.testing.assert_close(x2.grad, x.grad)
-    assert recorder.per_size == [], recorder.per_size
-    assert [t.symbolic for t in recorder.autograd_traces] == [True], recorder.autograd_traces
+    def rows_of(x):
+        return torch.as_tensor(x.shape[0], device=x.device)
+
+    _one_symbolic_trace_over_sizes(kiln.compile(fn, backend="kiln", dynamic=True), fn, device,
+                                   recorder)
+    x = torch.randn(5, 3, device=device)
+    got = kiln.compile(rows_of, backend="kiln", dynamic=True)(x)
+    assert got.dtype == rows_of(x).dtype == torch.int64 and got.item() == 5
 
 
 def test_a_debug_dir_does_not_send_symbolic_kernels_per_size(device, recorder, tmp_path,
