@@ -76,6 +76,22 @@ def lifted_attributes(gm: torch.fx.GraphModule) -> list[tuple[str, torch.Tensor]
     return [(name, value) for name, value in named if value is not None]
 
 
+def _refuse_non_tensor_inputs(gm: torch.fx.GraphModule, reals: list) -> None:
+    """Raise for graph inputs that are Python numbers: capture makes an int or float argument
+    that changed between calls a graph input (automatic dynamic, as torch.compile does), and
+    this stage traces tensors only. The message names them in the user's terms."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    kinds = sorted({type(r).__name__ for r in reals if not isinstance(r, torch.Tensor)})
+    names = [str(node.meta.get("source", node.name)) for node, real in zip(placeholders, reals)
+             if not isinstance(real, torch.Tensor)]
+    where = f": {', '.join(names)}" if names else ""
+    raise AutogradUnsupported(
+        f"graph inputs that are not tensors ({', '.join(kinds)}){where}; a Python number that "
+        "changes between calls becomes a graph input, and this stage traces tensors only",
+        hint="the graph runs eagerly instead; pass such a number as a tensor "
+             "(torch.tensor(n)) to keep it compiled, or keep it constant")
+
+
 def trace_raw(gm: torch.fx.GraphModule, example_inputs: list, *, training: bool,
               probe: bool = False, groups: tuple[tuple[int, ...], ...] = (),
               symbolic: bool = False) -> RawTrace:
@@ -88,9 +104,7 @@ def trace_raw(gm: torch.fx.GraphModule, example_inputs: list, *, training: bool,
     lifted = lifted_attributes(gm)
     reals = [*example_inputs, *(value for _, value in lifted)]
     if any(not isinstance(real, torch.Tensor) for real in reals):
-        kinds = sorted({type(r).__name__ for r in reals if not isinstance(r, torch.Tensor)})
-        raise AutogradUnsupported(f"graph inputs that are not tensors ({', '.join(kinds)})",
-                                  hint="the graph runs eagerly instead")
+        _refuse_non_tensor_inputs(gm, reals)
     bases = tuple(SyntheticBase.of(len(reals) + k, group, reals) for k, group in enumerate(groups))
     examples = _symbolic_examples(gm) if symbolic else []
     fake_mode = (_compat.fake_mode_sharing(_compat.shape_env_of(examples)) if symbolic

@@ -369,8 +369,28 @@ def test_refuses_written_inputs_sharing_memory_that_require_grad():
 
 def test_refuses_non_tensor_inputs():
     gm = torch.fx.symbolic_trace(lambda x, n: x * n)
-    with pytest.raises(AutogradUnsupported, match=r"not tensors \(int\)"):
+    with pytest.raises(AutogradUnsupported, match=r"not tensors \(int\): n;"):
         trace_inference(gm, [torch.randn(2), 3])
+
+
+def test_a_changing_python_number_is_named_in_the_refusal(caplog):
+    """Through kiln.compile: an int argument that changed between calls is a graph input
+    (automatic dynamic); the warning names it by its source and says how to keep it compiled.
+    The answers stay eager's."""
+    import logging
+
+    import kiln
+
+    def fn(x, step):
+        return x * step + 1
+
+    compiled = kiln.compile(fn, backend="aot_eager")
+    with caplog.at_level(logging.WARNING, logger="kiln"):
+        for step in (3, 5, 7):
+            x = torch.randn(4)
+            torch.testing.assert_close(compiled(x, step), fn(x, step))
+    assert "not tensors (int): step;" in caplog.text
+    assert "torch.tensor(n)" in caplog.text
 
 
 # -- RNG -----------------------------------------------------------------------------------------
