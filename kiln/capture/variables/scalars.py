@@ -118,7 +118,8 @@ def tensor_of_numbers(tx: Translator, fn: Any, args: list[VT], kwargs: dict[str,
                                                                                     "device"}:
         return None
     data = args[0]
-    items = data.items if isinstance(data, (ListVT, TupleVT)) else [data]
+    listed = isinstance(data, (ListVT, TupleVT))
+    items = data.items if listed else [data]
     if not any(isinstance(i, SymScalarVT) for i in items) or not all(
             isinstance(i, SymScalarVT) or (isinstance(i, ConstantVT) and type(i.value) in
                                            (int, float, bool)) for i in items):
@@ -130,6 +131,6 @@ def tensor_of_numbers(tx: Translator, fn: Any, args: list[VT], kwargs: dict[str,
     options = {"dtype": ConstantVT(dtype), **({"device": kwargs["device"]} if "device" in kwargs
                                              else {})}
     scalars = [graph_call(tx, "call_function", torch.scalar_tensor, [i], options) for i in items]
-    if data is items[0] and not isinstance(data, (ListVT, TupleVT)):
+    if not listed:
         return scalars[0]
     return graph_call(tx, "call_function", torch.stack, [ListVT(scalars)], {})
