@@ -283,7 +283,8 @@ class Variant:
             return False
         keys = [_compat.storage_key(a) if isinstance(a, torch.Tensor) else None for a in args]
         for i in self.joint.mutated_inputs:
-            if any(j != i and keys[j] == keys[i] and j not in self.members.get(i, ())
+            if any(j != i and keys[j] is not None and keys[j] == keys[i]
+                   and j not in self.members.get(i, ())
                    for j in range(len(args))):
                 warn_once(("autograd-alias", id(self)),
                           f"kiln: mutated input {self.joint.input_sources[i]} shares memory with "

@@ -37,7 +37,7 @@ def functionalize_raw(raw: RawTrace, decompositions: dict) -> JointGraph:
     fake_mode = raw.fake_mode
     tracer = ATenTracer(fake_mode, decompositions)
     with fake_mode:
-        primals = [p.detach() for p in raw.primals]
+        primals = [p.detach() if isinstance(p, torch.Tensor) else p for p in raw.primals]
         tangents = [t.detach() for t in raw.tangents]
     for i, primal in enumerate(primals):
         tracer.placeholder(f"primals_{i}", primal)
@@ -146,7 +146,8 @@ def _same_shape(a: Any, b: Any) -> bool:
 def _refuse_aliased_mutations(updates: dict[int, Any], primals: list, bases: tuple) -> None:
     """A written input must not share memory with another input, except a synthetic base with
     its members (the graph reads them through the base)."""
-    keys = {i: _compat.storage_key(p) for i, p in enumerate(primals)}
+    keys = {i: _compat.storage_key(p) for i, p in enumerate(primals)
+            if isinstance(p, torch.Tensor)}
     members = {base.index: set(base.members) for base in bases}
     for i in updates:
         others = [j for j, key in keys.items()

@@ -98,7 +98,8 @@ def alias_groups(reals: list, written: set[int]) -> tuple[list[tuple[int, ...]],
     refuse (a member requires grad, or the members differ in dtype)."""
     by_storage: dict[Any, list[int]] = {}
     for i, real in enumerate(reals):
-        by_storage.setdefault(_compat.storage_key(real), []).append(i)
+        if isinstance(real, torch.Tensor):  # not an int argument
+            by_storage.setdefault(_compat.storage_key(real), []).append(i)
     groups = [tuple(g) for g in by_storage.values() if len(g) > 1 and written & set(g)]
     for group in groups:
         first = next(i for i in group if i in written)
@@ -135,7 +136,8 @@ class StandIns:
             for k, m in enumerate(base.members):
                 self.tensors[m] = base.member_view(self.primals[base.index], k)
         for i, primal in enumerate(self.primals):
-            if training and primal.requires_grad and not self._reals_leaf[i]:
+            if training and isinstance(primal, torch.Tensor) and primal.requires_grad and \
+                    not self._reals_leaf[i]:
                 clone = primal.clone()
                 self.tensors[i] = clone
                 self.cloned[i] = tracer.to_nodes(clone)
@@ -143,7 +145,8 @@ class StandIns:
 
     def tracked(self, i: int) -> bool:
         t = self.tensors[i]
-        return t.requires_grad and t.grad_fn is not self._first_grad_fn.get(i)
+        return isinstance(t, torch.Tensor) and t.requires_grad and \
+            t.grad_fn is not self._first_grad_fn.get(i)
 
     def same_layout(self, i: int) -> bool:
         """The stand-in has the input's sizes and strides (a clone of a dense input does)."""
@@ -172,6 +175,8 @@ class MutationWatch:
         self.storages: dict[Any, list[int]] = {}
         for tensors in (stand_ins.primals, stand_ins.tensors):
             for i, t in enumerate(tensors):
+                if not isinstance(t, torch.Tensor):  # an int argument: no memory
+                    continue
                 hits = self.storages.setdefault(_compat.storage_key(t), [])
                 if i not in hits:
                     hits.append(i)

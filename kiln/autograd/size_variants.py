@@ -17,6 +17,8 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Sequence
 
+import torch
+
 from kiln.autograd.symbolic import SizeConditions
 from kiln.logs import warn_once
 
@@ -43,7 +45,10 @@ class PerSizeVariants:
         self.variants: dict[tuple, Variant] = {}
 
     def key(self, args: Sequence[Any]) -> tuple:
-        return tuple(tuple(args[i].shape) for i in self.positions)
+        """The sizes of the tensors at `positions`, and the values of the ints there (an int
+        argument with a symbol: a per-size variant is traced with its value)."""
+        return tuple(tuple(args[i].shape) if isinstance(args[i], torch.Tensor) else args[i]
+                     for i in self.positions)
 
     def __call__(self, args: list) -> Any:
         key = self.key(args)

@@ -82,6 +82,10 @@ class SizeSymbols:
         for i, value in enumerate(inputs):
             if isinstance(value, torch.Tensor):
                 self._note(i, value)
+            elif isinstance(value, torch.SymInt):  # an int argument: the symbol is the value
+                for expr in (_compat.sym_expr(value), _compat.unreplaced_expr(value)):
+                    if expr.is_Symbol:
+                        self.where.setdefault(expr, (i, "value", 0))
 
     def _note(self, i: int, tensor: torch.Tensor) -> None:
         places = [*(("size", d, s) for d, s in enumerate(tensor.shape)),
@@ -100,7 +104,7 @@ class SizeSymbols:
         """Python reading `symbol` from a call's `args`."""
         i, kind, dim = self.place(symbol)
         return {"size": f"args[{i}].shape[{dim}]", "stride": f"args[{i}].stride({dim})",
-                "offset": f"args[{i}].storage_offset()"}[kind]
+                "offset": f"args[{i}].storage_offset()", "value": f"args[{i}]"}[kind]
 
     def place(self, symbol: Any) -> tuple[int, str, int]:
         found = self.where.get(symbol)
@@ -138,13 +142,13 @@ class SizeNodes:
         self.nodes: dict[Any, torch.fx.Node] = {}
 
     def note_placeholder(self, node: torch.fx.Node, value: Any) -> None:
-        if not isinstance(value, torch.Tensor):
+        if not isinstance(value, (torch.Tensor, torch.SymInt)):
             return
         symbols = SizeSymbols([value])
         for symbol, (_, kind, dim) in symbols.where.items():
             if symbol not in self.leaves:
-                size = (value.shape[dim] if kind == "size" else value.stride(dim)
-                        if kind == "stride" else value.storage_offset())
+                size = (value if kind == "value" else value.shape[dim] if kind == "size"
+                        else value.stride(dim) if kind == "stride" else value.storage_offset())
                 self.leaves[symbol] = (node, kind, dim, size)
 
     def node_for(self, value: Any) -> Any:
@@ -186,6 +190,8 @@ class SizeNodes:
             raise SymbolicUnsupported(f"a size {symbol} that no graph input has",
                                       hint="the graph is compiled per size instead")
         placeholder, kind, dim, value = found
+        if kind == "value":  # an int argument's placeholder is the number itself
+            return placeholder
         if kind == "offset":
             node = self.graph.call_function(_compat.SYM_STORAGE_OFFSET, (placeholder,))
         else:

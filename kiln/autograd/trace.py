@@ -76,20 +76,31 @@ def lifted_attributes(gm: torch.fx.GraphModule) -> list[tuple[str, torch.Tensor]
     return [(name, value) for name, value in named if value is not None]
 
 
+def _placeholders(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    return [n for n in gm.graph.nodes if n.op == "placeholder"]
+
+
+def _symbolic_int(node: torch.fx.Node, real: Any) -> bool:
+    """An int argument capture made a symbol (`meta["val"]` a SymInt): traced as that symbol,
+    or per value (`PerSizeVariants` keys on it). Any other int would be baked into the trace
+    for one value with nothing to check it."""
+    return type(real) is int and isinstance(node.meta.get("val"), torch.SymInt)
+
+
 def _refuse_non_tensor_inputs(gm: torch.fx.GraphModule, reals: list) -> None:
-    """Raise for graph inputs that are Python numbers: capture makes an int or float argument
-    that changed between calls a graph input (automatic dynamic, as torch.compile does), and
-    this stage traces tensors only. The message names them in the user's terms."""
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    kinds = sorted({type(r).__name__ for r in reals if not isinstance(r, torch.Tensor)})
-    names = [str(node.meta.get("source", node.name)) for node, real in zip(placeholders, reals)
-             if not isinstance(real, torch.Tensor)]
-    where = f": {', '.join(names)}" if names else ""
+    """Raise for graph inputs that are Python numbers but no int symbol of capture: a float
+    argument that changed between calls (automatic dynamic makes it a graph input, as
+    torch.compile does). The message names them in the user's terms."""
+    odd = [(node, real) for node, real in zip(_placeholders(gm), reals)
+           if not isinstance(real, torch.Tensor) and not _symbolic_int(node, real)]
+    kinds = sorted({type(real).__name__ for _, real in odd})
+    names = [str(node.meta.get("source", node.name)) for node, _ in odd]
     raise AutogradUnsupported(
-        f"graph inputs that are not tensors ({', '.join(kinds)}){where}; a Python number that "
-        "changes between calls becomes a graph input, and this stage traces tensors only",
+        f"graph inputs that are not tensors ({', '.join(kinds)}): {', '.join(names)}; a Python "
+        "float that changes between calls becomes a graph input, and this stage traces "
+        "tensors and int symbols only",
         hint="the graph runs eagerly instead; pass such a number as a tensor "
-             "(torch.tensor(n)) to keep it compiled, or keep it constant")
+             "(torch.tensor(x)) to keep it compiled, or keep it constant")
 
 
 def trace_raw(gm: torch.fx.GraphModule, example_inputs: list, *, training: bool,
@@ -103,7 +114,8 @@ def trace_raw(gm: torch.fx.GraphModule, example_inputs: list, *, training: bool,
     fake mode sharing the capture's ShapeEnv."""
     lifted = lifted_attributes(gm)
     reals = [*example_inputs, *(value for _, value in lifted)]
-    if any(not isinstance(real, torch.Tensor) for real in reals):
+    if not all(isinstance(real, torch.Tensor) or _symbolic_int(node, real)
+               for node, real in zip(_placeholders(gm), reals)):
         _refuse_non_tensor_inputs(gm, reals)
     bases = tuple(SyntheticBase.of(len(reals) + k, group, reals) for k, group in enumerate(groups))
     examples = _symbolic_examples(gm) if symbolic else []
@@ -113,7 +125,7 @@ def trace_raw(gm: torch.fx.GraphModule, example_inputs: list, *, training: bool,
     traced = [*reals, *(base.build(reals) for base in bases)]
     primals = [_fake_input(fake_mode, real, training, examples[i] if i < len(examples) else None)
                for i, real in enumerate(traced)]
-    requires_grad = [p.requires_grad for p in primals]
+    requires_grad = [isinstance(p, torch.Tensor) and p.requires_grad for p in primals]
     nodes = [tracer.placeholder(f"primals_{i}", p) for i, p in enumerate(primals)]
     stand_ins = StandIns(primals, traced, bases)
     if training:
@@ -184,10 +196,13 @@ _REFUSAL_HINT = ("the graph runs eagerly instead; move the mutation out of the c
                  "or onto a tensor that does not require grad")
 
 
-def _fake_input(fake_mode: Any, real: torch.Tensor, training: bool,
-                example: Any = None) -> torch.Tensor:
+def _fake_input(fake_mode: Any, real: Any, training: bool, example: Any = None) -> Any:
     """The primal for `real`: a fake with its sizes, or with the symbolic sizes of `example`
-    (its placeholder's fake value in a symbolic capture)."""
+    (its placeholder's fake value in a symbolic capture). An int argument (capture made it a
+    symbol: `symbolic_int`) is its SymInt in a symbolic trace, else its value: a variant traced
+    per size is keyed by it (`PerSizeVariants.key`)."""
+    if type(real) is int:
+        return example if isinstance(example, torch.SymInt) else real
     if is_symbolic_value(example):
         fake = _symbolic_fake(fake_mode, example)
     else:
@@ -289,7 +304,8 @@ def _classify_outputs(flat: list, stand_ins: StandIns) -> list[OutputInfo]:
     by_storage: dict[Any, int] = {}
     for tensors in (stand_ins.tensors, stand_ins.primals):
         for i, t in enumerate(tensors):
-            by_storage.setdefault(_compat.storage_key(t), i)
+            if isinstance(t, torch.Tensor):  # not an int argument
+                by_storage.setdefault(_compat.storage_key(t), i)
     infos: list[OutputInfo] = []
     seen: dict[int, int] = {}
     for k, out in enumerate(flat):

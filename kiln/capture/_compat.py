@@ -11,7 +11,7 @@ __all__ = ["FakeTensor", "FakeTensorMode", "autocast_state", "torch_function_mod
            "torch_function_modes", "new_fake_mode", "is_fake",
            "DataDependentError", "enter_autocast", "exit_autocast", "set_grad_enabled",
            "SYM_TYPES", "new_symbolic_fake_mode", "symbolic_dispatch", "symbolic_fake",
-           "is_symbolic", "symbol_of",
+           "is_symbolic", "symbol_of", "symbolic_int",
            "concrete", "hint", "shape_env_facts", "SymbolPrinter", "SYM_SIZE", "SYM_STRIDE",
            "SYM_NUMEL", "SYM_STORAGE_OFFSET", "active_ddp_module", "ddp_bucket_caps",
            "ddp_ignored", "share_composable_state", "UnbackedGuardError", "bind_unbacked", "unbacked_symbols",
@@ -131,6 +131,15 @@ def symbolic_fake(fake_mode: FakeTensorMode, real: torch.Tensor, dynamic_dims: s
     fake = fake_mode.from_tensor(real, source=LocalSource(name), symbolic_context=context)
     _specialize_own_stride_symbols(fake)
     return fake
+
+
+def symbolic_int(fake_mode: FakeTensorMode, value: int, name: str) -> torch.SymInt:
+    """A SymInt of the capture's ShapeEnv for a Python int argument (automatic dynamic or
+    `dynamic=True`), as Dynamo's unspecialized ints: any sign, 0 and 1 not specialized (the
+    ShapeEnv records a guard when the trace needs such a fact); `name` labels the symbol."""
+    from torch._dynamo.source import LocalSource  # a torch Source: the ShapeEnv requires one
+    return fake_mode.shape_env.create_unspecified_symint_and_symbol(
+        value, LocalSource(name), DimDynamic.DYNAMIC)
 
 
 def _specialize_own_stride_symbols(fake: FakeTensor) -> None:

@@ -145,8 +145,9 @@ class CompiledFunction:
             return self.probe
         namespace = {**self.dispatcher.namespace, **dict(zip(cache.params, values))}
         if cache.entries:
-            became = cache.note_changed_dims(namespace, self.settings.dynamic is not False)
-            became += cache.note_changed_scalars(namespace)
+            automatic = self.settings.dynamic is not False
+            became = cache.note_changed_dims(namespace, automatic)
+            became += cache.note_changed_scalars(namespace, automatic)
             self._report_recompile(namespace, tuple(became))
         if self._over_limit(values):
             return self.dispatcher.eager

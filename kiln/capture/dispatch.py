@@ -100,12 +100,15 @@ class CodeCache:
                     break
         return found
 
-    def note_changed_scalars(self, namespace: dict[str, Any]) -> list[str]:
+    def note_changed_scalars(self, namespace: dict[str, Any], enabled: bool) -> list[str]:
         """Automatic dynamic: an int/float guard of the newest entry that failed marks that value
         symbolic in the next capture (TorchDynamo's automatic_dynamic for scalars). Returns
         what became dynamic, in words. A number read through module state (`self.layer_idx`,
         a module guard) stays specialized, as TorchDynamo never makes an int attribute of an
-        nn.Module dynamic: layers of one class differ in such ints, and each gets its entry."""
+        nn.Module dynamic: layers of one class differ in such ints, and each gets its entry.
+        `enabled` False (dynamic=False) records nothing: every value is specialized."""
+        if not enabled:
+            return []
         newly = []
         for guard in self.entries[0].guards if self.entries else ():
             if guard.kind == "constant" and type(guard.expected) in (int, float) and \

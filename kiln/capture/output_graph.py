@@ -98,13 +98,19 @@ class OutputGraph:
         self._vt_by_fake[id(fake)] = vt
         return vt
 
-    def scalar_input(self, value: Any, source: Source) -> Any:
-        """A Python number read from `source` as a graph input (see variables/scalars.py)."""
+    def scalar_input(self, value: Any, source: Source, why: str) -> Any:
+        """A Python number read from `source` as a graph input (see variables/scalars.py): an
+        int is a symbol of the ShapeEnv, like a symbolic size; a float stays value-only."""
         from kiln.capture.variables.scalars import SymScalarVT
         node = self._placeholder(source)
-        node.meta["val"] = value
         node.meta["source"] = source.name()
         self.inputs.append(GraphInput(node, source, value))
+        if type(value) is int:
+            symbol = _compat.symbolic_int(self.fake_mode, value, source.ident())
+            self.symbolic.add_number(source, symbol, why)
+            node.meta["val"] = symbol
+            return SymScalarVT(node, symbol, (), self)
+        node.meta["val"] = value
         self.scalar_examples[source] = value
         return SymScalarVT(node, value, (source,), self)
 

@@ -462,10 +462,13 @@ def used_sizes(lines: Sequence[str], graph: IRGraph | None) -> tuple[str, ...]:
 
 
 def graph_sizes(graph: IRGraph | None) -> set[str]:
-    """Names of the symbolic sizes in the graph's buffer layouts and loop ranges."""
+    """Names of the symbolic sizes in the graph's buffer layouts and int inputs (an int
+    argument may only bound a loop: `torch.arange(n).sum()` keeps `n` in no layout)."""
     if graph is None or not getattr(graph, "symbolic", False):
         return set()
     found: set[str] = set()
+    for value in graph.size_inputs.values():
+        found |= size_names(value)
     for buf in graph.buffers.values():
         lay = buf.layout
         for value in (*lay.size, *lay.stride, lay.offset):

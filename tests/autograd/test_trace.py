@@ -373,26 +373,6 @@ def test_refuses_non_tensor_inputs():
         trace_inference(gm, [torch.randn(2), 3])
 
 
-def test_a_changing_python_number_is_named_in_the_refusal(caplog):
-    """Through kiln.compile: an int argument that changed between calls is a graph input
-    (automatic dynamic); the warning names it by its source and says how to keep it compiled.
-    The answers stay eager's."""
-    import logging
-
-    import kiln
-
-    def fn(x, step):
-        return x * step + 1
-
-    compiled = kiln.compile(fn, backend="aot_eager")
-    with caplog.at_level(logging.WARNING, logger="kiln"):
-        for step in (3, 5, 7):
-            x = torch.randn(4)
-            torch.testing.assert_close(compiled(x, step), fn(x, step))
-    assert "not tensors (int): step;" in caplog.text
-    assert "torch.tensor(n)" in caplog.text
-
-
 # -- RNG -----------------------------------------------------------------------------------------
 
 def test_dropout_stays_a_forward_random_op():

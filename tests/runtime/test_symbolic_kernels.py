@@ -638,3 +638,48 @@ def test_a_debug_dir_does_not_send_symbolic_kernels_per_size(device, recorder, t
         torch.testing.assert_close(compiled(x, w), fn(x, w))
     assert recorder.per_size == [], recorder.per_size
     assert list(tmp_path.glob("*/kernels.json")), sorted(p.name for p in tmp_path.iterdir())
+
+
+def _decode_step(x, cache, table, start):
+    """A decode step with an int position: a write into a cache at `start`, attention over the
+    first `start + 1` rows, a table row looked up at `start`, and a loop bounded by it only."""
+    cache[:, start:start + 1] = x.tanh()
+    keys = cache[:, :start + 1]
+    q = x + table[torch.arange(start, start + 1, device=x.device)]
+    ramp = torch.arange(start, dtype=x.dtype, device=x.device).sum()
+    return torch.softmax(q @ keys.transpose(1, 2) * 0.25, -1) @ keys * start + ramp
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["inference", "training"])
+def test_kiln_compile_int_argument_compiles_kernels_for_two_values_only(device, kernel_compiles,
+                                                                       recorder, train):
+    """An int argument that changes between calls (a decode position) is a symbolic size
+    through capture, the autograd stage and the kernels (`s0` a size argument): the first
+    value compiles static kernels, the second the symbolic ones, every later one launches
+    those. Outputs, the cache written in place and (training) the gradients equal eager's."""
+    import kiln
+
+    compiled = kiln.compile(_decode_step, backend="kiln")
+    table = torch.randn(40, 16, device=device, requires_grad=train)
+    counts = []
+    for start in (3, 5, 9, 4, 17, 30):
+        # a fresh cache per call: the write gives it the step's autograd history
+        cache = torch.randn(2, 40, 16, device=device)
+        cache_ref = cache.clone()
+        x = torch.randn(2, 1, 16, device=device, requires_grad=train)
+        x_ref = x.detach().clone().requires_grad_(train)
+        with torch.set_grad_enabled(train):
+            got = compiled(x, cache, table, start)
+            want = _decode_step(x_ref, cache_ref, table, start)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(cache, cache_ref)
+        if train:
+            grad = torch.randn_like(want)
+            (g_x, g_t), (r_x, r_t) = (torch.autograd.grad(out, (inp, table), grad)
+                                      for out, inp in ((got, x), (want, x_ref)))
+            torch.testing.assert_close(g_x, r_x, rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(g_t, r_t, rtol=1e-4, atol=1e-5)
+        counts.append(len(kernel_compiles))
+    symbolic = [t.symbolic for t in recorder.autograd_traces]
+    assert symbolic == [False, True], recorder.autograd_traces
+    assert counts[1] > counts[0] > 0 and counts[-1] == counts[1], counts

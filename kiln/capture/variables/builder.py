@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from kiln.capture import _compat, rules
-from kiln.capture.sources import (Attr, ConstSource, FnClosure, Item, RefItem, Source,
+from kiln.capture.sources import (Attr, ConstSource, FnClosure, Item, Local, RefItem, Source,
                                   is_literal_key)
 from kiln.capture.unsupported import unsupported
 from kiln.capture.variables.base import VT, ConstantVT
@@ -57,6 +57,21 @@ def wrap(tx: Translator, value: Any, source: Source, *, module_guard: bool = Fal
     return vt
 
 
+def _dynamic_number(tx: Translator, value: Any, source: Source, module_guard: bool) -> str | None:
+    """Why a Python number becomes a graph input instead of a guarded constant, or None: its
+    value changed between calls (automatic dynamic), or it is an int argument of the compiled
+    function under `dynamic=True` (as torch.compile's unspecialized ints; an int read through
+    module state or an object stays specialized: layer sizes, head counts)."""
+    if type(value) not in (int, float):
+        return None
+    if source.expr() in tx.output.dynamic_scalars:
+        return "its value changed between calls"
+    if type(value) is int and tx.output.dynamic.mode is True and isinstance(source, Local) \
+            and not module_guard:
+        return "dynamic=True"
+    return None
+
+
 def _wrap(tx: Translator, value: Any, source: Source, module_guard: bool) -> VT:
     guards = tx.output.guards
     loc = tx.location()
@@ -67,9 +82,10 @@ def _wrap(tx: Translator, value: Any, source: Source, module_guard: bool) -> VT:
         if vt.source is not source and vt.source != source:  # the same tensor seen twice
             guards.same_object(source, vt.source, location=loc)
         return vt
-    if type(value) in (int, float) and source.expr() in tx.output.dynamic_scalars:
+    why = _dynamic_number(tx, value, source, module_guard)
+    if why is not None:
         guards.type_match(source, value, module=module_guard, location=loc)
-        return tx.output.scalar_input(value, source)
+        return tx.output.scalar_input(value, source, why)
     if isinstance(value, _CONSTANT_TYPES):
         if isinstance(value, (torch.dtype, torch.layout, enum.Enum)):  # singletons
             guards.id_match(source, value, module=module_guard, location=loc)
