@@ -15,6 +15,7 @@ import torch.fx
 from torch._subclasses.fake_tensor import FakeTensor
 
 __all__ = [
+    "CountingAot",
     "CountingBackend",
     "line_of",
     "mentions_line",
@@ -57,6 +58,16 @@ class CountingBackend:
         """The only graph; fails when there is not exactly one."""
         assert self.count == 1, f"expected exactly 1 graph, got {self.count}"
         return self.gms[0]
+
+
+class CountingAot(CountingBackend):
+    """aot_eager (the autograd stage, no generated kernels), counting the graphs capture hands
+    it (the captures)."""
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
+        from kiln.backends.aot_eager import aot_eager
+        super().__call__(gm, example_inputs)
+        return aot_eager(gm, example_inputs)
 
 
 # --- comparison -----------------------------------------------------------------------------------

@@ -9,28 +9,17 @@ Every test compares with eager on fresh random inputs per call and counts captur
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import kiln
-from kiln.backends.aot_eager import aot_eager
+from helpers import CountingAot
 
 # aot_eager graphs (no generated kernels): CPU tensors also in the CUDA suite
 pytestmark = pytest.mark.explicit_device
-
-
-class CountingAot:
-    """aot_eager, counting the graphs capture hands it (the captures)."""
-
-    def __init__(self) -> None:
-        self.gms: list[torch.fx.GraphModule] = []
-
-    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
-        self.gms.append(gm)
-        return aot_eager(gm, example_inputs)
 
 
 def _close(actual: Any, expected: Any) -> None:

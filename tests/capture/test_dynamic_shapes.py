@@ -8,7 +8,6 @@ handed to the backend), which is what dynamic shapes must keep small."""
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
 
 import pytest
 import torch
@@ -17,23 +16,7 @@ import torch.nn.functional as F
 import kiln
 import models
 from models import ExplicitCausalAttention
-from kiln.backends.aot_eager import aot_eager
-from helpers import CountingBackend, assert_grads_equal, eager_copy
-
-
-class CountingAot:
-    """aot_eager, counting the graphs capture hands it (the captures)."""
-
-    def __init__(self) -> None:
-        self.gms: list[torch.fx.GraphModule] = []
-
-    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
-        self.gms.append(gm)
-        return aot_eager(gm, example_inputs)
-
-    @property
-    def count(self) -> int:
-        return len(self.gms)
+from helpers import CountingAot, CountingBackend, assert_grads_equal, eager_copy
 
 
 class MLP(torch.nn.Module):
