@@ -134,12 +134,15 @@ def symbolic_fake(fake_mode: FakeTensorMode, real: torch.Tensor, dynamic_dims: s
 
 
 def symbolic_int(fake_mode: FakeTensorMode, value: int, name: str) -> torch.SymInt:
-    """A SymInt of the capture's ShapeEnv for a Python int argument (automatic dynamic or
-    `dynamic=True`), as Dynamo's unspecialized ints: any sign, 0 and 1 not specialized (the
-    ShapeEnv records a guard when the trace needs such a fact); `name` labels the symbol."""
+    """A SymInt of the capture's ShapeEnv for a Python int argument `value` >= 2 (automatic
+    dynamic or `dynamic=True`), made like a symbolic size: its range starts at 2, as the
+    kernels' size arguments assume (`lower/_compat.symbol_range`), and the guard `n >= 2` sends
+    0, 1 and negative values to a capture of their own. `name` labels the symbol."""
     from torch._dynamo.source import LocalSource  # a torch Source: the ShapeEnv requires one
-    return fake_mode.shape_env.create_unspecified_symint_and_symbol(
-        value, LocalSource(name), DimDynamic.DYNAMIC)
+    source = LocalSource(name)
+    env = fake_mode.shape_env
+    symbol = env.create_symbol(value, source, DimDynamic.DYNAMIC)
+    return env.create_symintnode(symbol, hint=value, source=source)
 
 
 def _specialize_own_stride_symbols(fake: FakeTensor) -> None:

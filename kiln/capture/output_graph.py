@@ -100,7 +100,8 @@ class OutputGraph:
 
     def scalar_input(self, value: Any, source: Source, why: str) -> Any:
         """A Python number read from `source` as a graph input (see variables/scalars.py): an
-        int is a symbol of the ShapeEnv, like a symbolic size; a float stays value-only."""
+        int (>= 2, `builder._dynamic_number`) is a symbol of the ShapeEnv, like a symbolic
+        size; a float stays value-only."""
         from kiln.capture.variables.scalars import SymScalarVT
         node = self._placeholder(source)
         node.meta["source"] = source.name()

@@ -3,10 +3,9 @@
 Each symbolic dim of a graph input is a ShapeEnv symbol; this module remembers where each came
 from (`x.shape[0]`) and, once the trace is done, turns the ShapeEnv's facts into `Guard`s:
 
-- every size symbol that stayed free: `x.shape[0] >= 2` (sizes 0 and 1 were specialized, so a
-  call with one must not reuse a graph that assumed neither); an int argument's symbol (`n`)
-  has no such guard: it was made without assumptions, so any value it may take is covered by
-  the facts below;
+- every symbol that stayed free: `x.shape[0] >= 2` (sizes 0 and 1 were specialized, so a call
+  with one must not reuse a graph that assumed neither); an int argument (`n >= 2`) is made
+  like a size;
 - every symbol the trace replaced: `x.shape[0] == 8` (specialized) or `y.shape[1] ==
   x.shape[0]` (two sizes found equal);
 - every recorded relation, simplified: `x.shape[0] > 4`, `(x.shape[0] % 2) == 0`;
@@ -38,7 +37,6 @@ class SymbolicInputs:
         self.module_state: dict[Any, bool] = {}
         self.why: dict[Any, str] = {}  # symbol -> why it is symbolic (dynamic_dims.DynamicPolicy)
         self.tensors: list[tuple[Source, torch.Tensor, bool]] = []
-        self.numbers: set[Any] = set()  # symbols of int arguments, not of sizes
 
     def add(self, source: Source, fake: torch.Tensor, module_state: bool,
             why: dict[int, str]) -> None:
@@ -57,13 +55,12 @@ class SymbolicInputs:
             self.tensors.append((source, fake, module_state))
 
     def add_number(self, source: Source, value: torch.SymInt, why: str) -> None:
-        """An int argument read from `source` as the symbol of `value` (no size: any sign)."""
+        """An int argument read from `source` as the symbol of `value` (`symbolic_int`)."""
         symbol = _compat.symbol_of(value)
         self.exprs[symbol] = source.expr()
         self.users[symbol] = source.name()
         self.module_state[symbol] = False
         self.why[symbol] = why
-        self.numbers.add(symbol)
 
     def describe(self, fake_mode: Any) -> tuple[str, ...]:
         """Each symbolic dim in words, for explain: `x.shape[0] (dynamic=True)`, or what became
@@ -90,10 +87,8 @@ class SymbolicInputs:
         facts, replaced = _compat.shape_env_facts(fake_mode, self.exprs)
         found = []
         for symbol, target in replaced.items():
-            if target != symbol:
-                found.append(self._guard(_eq(symbol, target)))
-            elif symbol not in self.numbers:  # an int argument may be 0 or 1, or negative
-                found.append(self._guard(_ge_two(symbol)))
+            relation = _ge_two(symbol) if target == symbol else _eq(symbol, target)
+            found.append(self._guard(relation))
         found.extend(self._guard(fact) for fact in facts)
         found.extend(self._stride_guard(src, fake, mod) for src, fake, mod in self.tensors)
         return found

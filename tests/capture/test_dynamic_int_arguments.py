@@ -174,3 +174,22 @@ def test_a_changing_float_argument_runs_eagerly_and_is_named(caplog):
             _close(compiled(x, scale), fn(x, scale))
     assert "not tensors (float): scale;" in caplog.text
     assert "torch.tensor(x)" in caplog.text
+
+
+def test_values_below_two_get_graphs_of_their_own():
+    """The symbol of an int argument is a size's (kernels assume sizes >= 2): after the
+    symbolic capture, 1, 0 and a negative value each get a specialized graph, with eager's
+    answers; a later value >= 2 reuses the symbolic one."""
+    backend = CountingAot()
+
+    def fn(x, n):
+        return x[:, n:] * n + torch.arange(n + 2, dtype=x.dtype).sum()
+
+    compiled = kiln.compile(fn, backend=backend)
+    for n in (3, 5, 1, 0, -2, 7):
+        x = torch.randn(4, 9)
+        _close(compiled(x, n), fn(x, n))
+    assert len(backend.gms) == 5, f"{len(backend.gms)} captures"
+    symbolic = [any(isinstance(p.meta.get("val"), torch.SymInt) for p in gm.graph.nodes)
+                for gm in backend.gms]
+    assert symbolic == [False, True, False, False, False], symbolic
