@@ -296,7 +296,7 @@ class _Writer:
         `as_strided`'s check: their layout is what capture assumed, and a wrong assumption
         must raise, not read other memory."""
         buf = self._buf(arg.name)
-        if isinstance(buf, (InputBuffer, ConstantBuffer)) or self.graph.symbolic:
+        if isinstance(buf, (InputBuffer, ConstantBuffer)):
             return False
         lay = buf.layout
         return _within(_index_range(arg.size, arg.stride, arg.offset),
@@ -475,19 +475,33 @@ def _fits(old: Buffer, new: Buffer) -> bool:
 
 
 def _index_range(size: Sequence[Any], stride: Sequence[Any],
-                 offset: Any) -> tuple[int, int] | None:
+                 offset: Any) -> tuple[Any, Any] | None:
     """The lowest and highest storage element a layout reaches; None when it reaches none (a
-    zero-size dim) or is not made of plain ints."""
-    if not all(type(v) is int for v in (*size, *stride, offset)) or 0 in size:
+    zero-size dim) or cannot be told. Symbolic layouts (`Expr`s over sizes >= 2): when every
+    stride is >= 0 for every size, the range is `offset` to `offset + sum((n-1)*s)`."""
+    if any(type(n) is int and n == 0 for n in size):
         return None
-    low = offset + sum(min(0, (n - 1) * s) for n, s in zip(size, stride))
-    high = offset + sum(max(0, (n - 1) * s) for n, s in zip(size, stride))
-    return low, high
+    if all(type(v) is int for v in (*size, *stride, offset)):
+        low = offset + sum(min(0, (n - 1) * s) for n, s in zip(size, stride))
+        high = offset + sum(max(0, (n - 1) * s) for n, s in zip(size, stride))
+        return low, high
+    try:
+        if not all(s >= 0 for s in stride):
+            return None
+    except TypeError:  # a stride whose sign depends on the sizes
+        return None
+    return offset, offset + sum((n - 1) * s for n, s in zip(size, stride))
 
 
-def _within(inner: tuple[int, int] | None, outer: tuple[int, int] | None) -> bool:
-    return inner is not None and outer is not None and \
-        outer[0] <= inner[0] and inner[1] <= outer[1]
+def _within(inner: tuple[Any, Any] | None, outer: tuple[Any, Any] | None) -> bool:
+    """Whether range `inner` lies in `outer` for every size (symbolic ends compare by their
+    bounds; an order that depends on the sizes is not within)."""
+    if inner is None or outer is None:
+        return False
+    try:
+        return bool(outer[0] <= inner[0] and inner[1] <= outer[1])
+    except TypeError:
+        return False
 
 
 def _layout_certain(node: ExternKernel, lay: Layout) -> bool:
