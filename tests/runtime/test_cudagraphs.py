@@ -102,6 +102,22 @@ def test_a_moved_parameter_is_recorded_again():
     assert run.num_recordings() == 2
 
 
+def test_the_key_leaves_parameters_and_static_inputs_out():
+    """A replay's key reads the inputs that may change layout between calls; parameters and
+    the autograd stage's static inputs (buffers) are checked by address instead (keying on
+    them cost a tuple per parameter per call). A new size of the keyed input records again."""
+    run, _ = runner(fn=lambda args: (args[0] * args[1] + args[2],), static_inputs=(2,))
+    w, b = torch.nn.Parameter(torch.randn(4)), torch.randn(4)
+    for length in (4, 4, 4):
+        x = torch.randn(length)
+        torch.testing.assert_close(run([x, w, b])[0], x * w.detach() + b)
+    assert run.keyed == [0] and len(next(iter(run.recordings))) == 1
+    x = torch.randn(2, 4)
+    for _ in range(2):
+        torch.testing.assert_close(run([x, w, b])[0], x * w.detach() + b)
+    assert run.num_recordings() == 2 and len(run.recordings) == 2
+
+
 def test_past_the_cap_calls_run_the_wrapper_with_one_warning(caplog):
     run, _ = runner(max_recordings=2)
     w = torch.nn.Parameter(torch.randn(4))
