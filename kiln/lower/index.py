@@ -457,6 +457,9 @@ def _size_operand(value: SizeLike | None) -> str:
 def _symbolic_div_bounds(lo: int, hi: int, div: SizeLike, mod: SizeLike | None
                          ) -> tuple[int, int]:
     d_lo, d_hi = as_expr(div).bounds()
+    # a divisor of a floor division that runs is not 0; a derived size (`(s0*s1)//s2`) has
+    # bounds from 0 (`6 // inf`), so its lower bound counts as 1
+    d_lo = max(d_lo, 1)
     if lo >= 0:
         lo, hi = lo // d_hi, hi // d_lo
     else:

@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from kiln.lower.index import as_expr, size_expr, sym
+from kiln.lower.index import as_expr, derived_size, size_expr, sym
 
 S0, S1 = size_expr("s0"), size_expr("s1")
 SIZES = [(a, b) for a in (2, 3, 5, 8) for b in (2, 3, 7)]
@@ -50,6 +50,19 @@ def test_division_by_sizes_is_exact(divisor):
 
     _check(expr // d, lambda env: value(env) // as_expr(d).evaluate(env), ranges)
     _check(expr % d, lambda env: value(env) % as_expr(d).evaluate(env), ranges)
+
+
+def test_dividing_by_a_quotient_of_sizes_is_exact():
+    """`x.view(-1, n)` of an (s0, s1) input has the dim `(s0*s1)//n`, and a later shape divides
+    by it: the divisor's bounds start at 0 (`4 // huge`), which divided by zero (the symbolic
+    trace failed, and the graph was compiled per size). A divisor that runs is at least 1."""
+    s2 = size_expr("s2")
+    rows = derived_size((S0 * S1) // s2)  # one atom, as lowering makes a view's dim
+    expr = (S0 * S1) // rows
+    for s0, s1 in SIZES:
+        for n in (2, 3, s0 * s1):
+            env = {"s0": s0, "s1": s1, "s2": n}
+            assert expr.evaluate(env) == s0 * s1 // (s0 * s1 // n), env
 
 
 def test_simplifications_need_a_proof():
