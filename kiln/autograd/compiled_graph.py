@@ -491,16 +491,23 @@ class _ViewOfIntermediate:
 
 def _bases_for_views(returned: list, first: int) -> list[_ViewOfIntermediate]:
     """The outputs (from index `first`, after the mutated inputs) that are views of a tensor made
-    inside the forward and can be made again outside from their base. Views that cannot be
-    rebuilt exactly (overlapping, dtype-changing or conjugating views, a hidden base shared by
-    several outputs) are returned as they are: reads are right, and an in-place write on them
-    raises, as it does in eager for overlapping views."""
+    inside the forward and can be made again outside from their base. A hidden base several
+    outputs view is returned in the slot of one that covers all of it (`t` beside
+    `t.unsqueeze(1)`: the wrapper returns both as views of one buffer), the others rebuilt from
+    it. Views that cannot be rebuilt exactly (overlapping, dtype-changing or conjugating views,
+    a shared hidden base no output covers) are returned as they are: reads are right, and an
+    in-place write on them raises, as it does in eager for overlapping views."""
     found: list[_ViewOfIntermediate] = []
     hidden_uses: dict[int, int] = {}
     for o in returned[first:]:
         if isinstance(o, torch.Tensor) and o._base is not None:
             hidden_uses[id(o._base)] = hidden_uses.get(id(o._base), 0) + 1
     slots = {id(o): k for k, o in enumerate(returned) if isinstance(o, torch.Tensor)}
+    for k in range(first, len(returned)):  # a shared hidden base: returned where it is whole
+        o = returned[k]
+        if isinstance(o, torch.Tensor) and o._base is not None and \
+                hidden_uses[id(o._base)] > 1 and id(o._base) not in slots and _whole_of(o):
+            slots[id(o._base)] = k
     for k in range(first, len(returned)):
         o = returned[k]
         if not isinstance(o, torch.Tensor) or o._base is None or o.dtype != o._base.dtype \
@@ -512,11 +519,21 @@ def _bases_for_views(returned: list, first: int) -> list[_ViewOfIntermediate]:
                    and o.numel() == base.numel())
         geometry = (tuple(o.shape), tuple(o.stride()), offset, reshape,
                     tuple(base.shape), tuple(base.stride()))
-        if id(base) in slots:
+        if slots.get(id(base)) == k:  # the output that stands for its shared hidden base
+            found.append(_ViewOfIntermediate(k, k, *geometry))
+        elif id(base) in slots:
             found.append(_ViewOfIntermediate(k, slots[id(base)], *geometry))
         elif hidden_uses[id(base)] == 1 and not _may_overlap(o):
             found.append(_ViewOfIntermediate(k, k, *geometry))
     return found
+
+
+def _whole_of(view: torch.Tensor) -> bool:
+    """Whether `view` is its base reshaped: every element once, in order, from its start."""
+    base = view._base
+    return (view.dtype == base.dtype and view.storage_offset() == base.storage_offset()
+            and view.numel() == base.numel() and view.is_contiguous() and base.is_contiguous()
+            and not (view.is_conj() or view.is_neg()))
 
 
 def _may_overlap(t: torch.Tensor) -> bool:
@@ -536,9 +553,9 @@ def _view_again(outs: tuple, views: list[_ViewOfIntermediate]) -> tuple:
     """The Function's outputs with each view made again outside it (see _ViewOfIntermediate)."""
     if not views:
         return outs
-    outs = list(outs)
+    raw, outs = outs, list(outs)
     for view in views:
-        base = outs[view.base_slot]
+        base = raw[view.base_slot]  # the Function's output: a view made above is no base
         if view.reshape:
             outs[view.slot] = base.view(view.size)  # its backward is a reshape, not a scatter
         else:

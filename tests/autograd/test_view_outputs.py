@@ -81,11 +81,20 @@ def write_into_a_step_slice(model, x):
     return kept
 
 
+def write_into_an_output_beside_its_view(model, x):
+    t = model(x)
+    wide = t.unsqueeze(1)  # live across the break: the graph returns t and a view of it
+    kiln.graph_break()  # fuzz seed 1233452 broke on `x1[x1 > 0]` here
+    t[1:] = 2  # "a function that returns multiple views" refused this write
+    return t + wide.squeeze(1).detach() * 0
+
+
 @pytest.mark.parametrize("backend", ["aot_eager", "kiln"])
 @pytest.mark.parametrize("fn, shape", [(write_into_a_row, (4,)), (add_into_the_output, (2, 4)),
                                        (view_and_its_base, (3, 4)), (expanded_view, (2, 4)),
                                        (read_a_later_row, (3, 4)),
-                                       (write_into_a_step_slice, (1, 2, 4))])
+                                       (write_into_a_step_slice, (1, 2, 4)),
+                                       (write_into_an_output_beside_its_view, (4,))])
 def test_in_place_write_on_a_view_output_of_a_training_graph(fn, shape, backend):
     torch.manual_seed(0)
     model = nn.Linear(4, 3 if fn is not write_into_a_step_slice else 2)
