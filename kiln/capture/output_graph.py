@@ -17,7 +17,7 @@ from kiln.capture import _compat
 from kiln.config import config
 from kiln.capture.dynamic_dims import DynamicPolicy
 from kiln.capture.guards import Constants, GuardSet
-from kiln.capture.shape_guards import SymbolicInputs
+from kiln.capture.shape_guards import INT_ARGUMENT_MAX, SymbolicInputs
 from kiln.capture.sources import Source
 from kiln.capture.unsupported import unsupported
 
@@ -100,13 +100,14 @@ class OutputGraph:
 
     def scalar_input(self, value: Any, source: Source, why: str) -> Any:
         """A Python number read from `source` as a graph input (see variables/scalars.py): an
-        int (>= 2, `builder._dynamic_number`) is a symbol of the ShapeEnv, like a symbolic
-        size; a float stays value-only."""
+        int in `[2, INT_ARGUMENT_MAX]` is a symbol of the ShapeEnv, like a symbolic size; a
+        float, a negative int or one past int32 (a seed, an id) stays value-only: arithmetic
+        keeps it symbolic, any other use specializes it."""
         from kiln.capture.variables.scalars import SymScalarVT
         node = self._placeholder(source)
         node.meta["source"] = source.name()
         self.inputs.append(GraphInput(node, source, value))
-        if type(value) is int:
+        if type(value) is int and 2 <= value <= INT_ARGUMENT_MAX:
             symbol = _compat.symbolic_int(self.fake_mode, value, source.ident())
             self.symbolic.add_number(source, symbol, why)
             node.meta["val"] = symbol

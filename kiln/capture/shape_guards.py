@@ -4,8 +4,8 @@ Each symbolic dim of a graph input is a ShapeEnv symbol; this module remembers w
 from (`x.shape[0]`) and, once the trace is done, turns the ShapeEnv's facts into `Guard`s:
 
 - every symbol that stayed free: `x.shape[0] >= 2` (sizes 0 and 1 were specialized, so a call
-  with one must not reuse a graph that assumed neither); an int argument (`n >= 2`) is made
-  like a size;
+  with one must not reuse a graph that assumed neither); an int argument is made like a size
+  and also bounded above (`n >= 2`, `n <= 2147483647`: the kernels' sizes are int32);
 - every symbol the trace replaced: `x.shape[0] == 8` (specialized) or `y.shape[1] ==
   x.shape[0]` (two sizes found equal);
 - every recorded relation, simplified: `x.shape[0] > 4`, `(x.shape[0] % 2) == 0`;
@@ -25,7 +25,11 @@ from kiln.capture import _compat
 from kiln.capture.guards import Guard
 from kiln.capture.sources import Source
 
-__all__ = ["SymbolicInputs"]
+__all__ = ["INT_ARGUMENT_MAX", "SymbolicInputs"]
+
+# the largest value an int argument's symbol stands for: the kernels' size arguments and index
+# math are int32 (`lower/size_atoms.SIZE_MAX`); a larger int stays a plain value
+INT_ARGUMENT_MAX = 2**31 - 1
 
 
 class SymbolicInputs:
@@ -37,6 +41,7 @@ class SymbolicInputs:
         self.module_state: dict[Any, bool] = {}
         self.why: dict[Any, str] = {}  # symbol -> why it is symbolic (dynamic_dims.DynamicPolicy)
         self.tensors: list[tuple[Source, torch.Tensor, bool]] = []
+        self.numbers: set[Any] = set()  # symbols of int arguments (`add_number`)
 
     def add(self, source: Source, fake: torch.Tensor, module_state: bool,
             why: dict[int, str]) -> None:
@@ -61,6 +66,7 @@ class SymbolicInputs:
         self.users[symbol] = source.name()
         self.module_state[symbol] = False
         self.why[symbol] = why
+        self.numbers.add(symbol)
 
     def describe(self, fake_mode: Any) -> tuple[str, ...]:
         """Each symbolic dim in words, for explain: `x.shape[0] (dynamic=True)`, or what became
@@ -89,6 +95,8 @@ class SymbolicInputs:
         for symbol, target in replaced.items():
             relation = _ge_two(symbol) if target == symbol else _eq(symbol, target)
             found.append(self._guard(relation))
+            if target == symbol and symbol in self.numbers:  # no tensor bounds an int argument
+                found.append(self._guard(symbol <= INT_ARGUMENT_MAX))
         found.extend(self._guard(fact) for fact in facts)
         found.extend(self._stride_guard(src, fake, mod) for src, fake, mod in self.tensors)
         return found

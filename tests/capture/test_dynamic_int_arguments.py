@@ -178,8 +178,9 @@ def test_a_changing_float_argument_runs_eagerly_and_is_named(caplog):
 
 def test_values_below_two_get_graphs_of_their_own():
     """The symbol of an int argument is a size's (kernels assume sizes >= 2): after the
-    symbolic capture, 1, 0 and a negative value each get a specialized graph, with eager's
-    answers; a later value >= 2 reuses the symbolic one."""
+    symbolic capture, 1 and 0 each get a specialized graph and a negative value a graph taking
+    it as a plain value (the autograd stage runs that one eagerly), all with eager's answers; a
+    later value >= 2 reuses the symbolic one."""
     backend = CountingAot()
 
     def fn(x, n):
@@ -193,3 +194,21 @@ def test_values_below_two_get_graphs_of_their_own():
     symbolic = [any(isinstance(p.meta.get("val"), torch.SymInt) for p in gm.graph.nodes)
                 for gm in backend.gms]
     assert symbolic == [False, True, False, False, False], symbolic
+
+
+def test_an_int_past_int32_gets_a_graph_of_its_own():
+    """The kernels' sizes are int32: an int argument's symbol is bounded by a guard, and a value
+    past it (a seed, a checksum) is a plain value in a capture of its own (one for all such
+    values: no recompile per value), with eager's answers."""
+    backend = CountingAot()
+
+    def fn(x, n):
+        return x * (n % 1000) + x[: n % 3 + 1].sum()
+
+    compiled = kiln.compile(fn, backend=backend)
+    for n in (5, 7, 2**40 + 3, 9, 2**40 + 8):
+        x = torch.randn(4, 3, dtype=torch.float64)
+        _close(compiled(x, n), fn(x, n))
+    assert len(backend.gms) == 3, f"{len(backend.gms)} captures"
+    out = kiln.explain(fn, dynamic=True)(torch.randn(4, 3), 5).render(verbose=True)
+    assert "n <= 2147483647" in out, out

@@ -61,9 +61,9 @@ def _dynamic_number(tx: Translator, value: Any, source: Source, module_guard: bo
     """Why a Python number becomes a graph input instead of a guarded constant, or None: its
     value changed between calls (automatic dynamic), or it is an int argument of the compiled
     function under `dynamic=True` (as torch.compile's unspecialized ints; an int read through
-    module state or an object stays specialized: layer sizes, head counts). An int below 2
-    stays a constant, as sizes 0 and 1 do: the symbol of an int is a size's (`n >= 2`)."""
-    if type(value) not in (int, float) or (type(value) is int and value < 2):
+    module state or an object stays specialized: layer sizes, head counts). 0 and 1 stay
+    constants, as sizes 0 and 1 do (`OutputGraph.scalar_input` says what the others become)."""
+    if type(value) not in (int, float) or (type(value) is int and value in (0, 1)):
         return None
     if source.expr() in tx.output.dynamic_scalars:
         return "its value changed between calls"
