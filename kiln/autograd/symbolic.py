@@ -81,16 +81,13 @@ class SizeSymbols:
         self.where: dict[Any, tuple[int, str, int]] = {}
         for i, value in enumerate(inputs):
             if isinstance(value, torch.Tensor):
-                self._note(i, value)
+                self._note(i, [*(("size", d, s) for d, s in enumerate(value.shape)),
+                               *(("stride", d, s) for d, s in enumerate(value.stride())),
+                               ("offset", 0, value.storage_offset())])
             elif isinstance(value, torch.SymInt):  # an int argument: the symbol is the value
-                for expr in (_compat.sym_expr(value), _compat.unreplaced_expr(value)):
-                    if expr.is_Symbol:
-                        self.where.setdefault(expr, (i, "value", 0))
+                self._note(i, [("value", 0, value)])
 
-    def _note(self, i: int, tensor: torch.Tensor) -> None:
-        places = [*(("size", d, s) for d, s in enumerate(tensor.shape)),
-                  *(("stride", d, s) for d, s in enumerate(tensor.stride())),
-                  ("offset", 0, tensor.storage_offset())]
+    def _note(self, i: int, places: list[tuple[str, int, Any]]) -> None:
         for kind, dim, value in places:
             if not isinstance(value, _compat.SYM_TYPES):
                 continue

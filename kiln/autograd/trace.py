@@ -213,7 +213,7 @@ def _fake_input(fake_mode: Any, real: Any, training: bool, example: Any = None) 
 
 
 def _symbolic_examples(gm: torch.fx.GraphModule) -> list:
-    return [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+    return [n.meta.get("val") for n in _placeholders(gm)]
 
 
 def _symbolic_fake(fake_mode: Any, example: torch.Tensor) -> torch.Tensor:
@@ -237,7 +237,7 @@ def _attr_map(lifted: list[tuple[str, torch.Tensor]], fakes: list) -> dict[str, 
 
 def _sources(gm: torch.fx.GraphModule, lifted: list,
              bases: tuple[SyntheticBase, ...]) -> tuple[str | None, ...]:
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    placeholders = _placeholders(gm)
     sources = (*(n.meta.get("source", n.name) for n in placeholders),
                *(name for name, _ in lifted))
     return (*sources, *(f"<memory of {', '.join(str(sources[m]) for m in base.members)}>"
