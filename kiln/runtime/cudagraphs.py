@@ -340,7 +340,7 @@ class CudaGraphRunner:
             self.keyed = self._keyed_positions(args)
         key = input_key(args, self.mechanism.device_type != "cpu", self.keyed)
         seen = self.calls.get(key, 0) + 1
-        if seen == 1:  # the key holds every input's device: a known key passed this check
+        if seen == 1:  # a known key passed this check (parameters: again before each recording)
             reason = self._call_blocker(args)
             if reason is not None:
                 self._block(reason)
@@ -394,6 +394,10 @@ class CudaGraphRunner:
         return None
 
     def _record(self, key: tuple, args: Sequence[Any]) -> Recording | None:
+        blocker = self._call_blocker(args)  # a parameter moved to another device: not keyed
+        if blocker is not None:
+            self._block(blocker)
+            return None
         why = self._why_new(key, args)
         if self.num_recordings() >= self.max_recordings:
             warn_once(("kiln-cudagraphs-cap", id(self)), self._cap_message(why), log)

@@ -118,6 +118,18 @@ def test_the_key_leaves_parameters_and_static_inputs_out():
     assert run.num_recordings() == 2 and len(run.recordings) == 2
 
 
+def test_a_parameter_on_another_device_blocks_the_new_recording():
+    """Parameters are not in the key, so a key seen before does not check their devices: the
+    recording a moved parameter needs checks them first, and the call runs the wrapper."""
+    run, _ = runner(fn=lambda args: (args[0] * 2,))
+    x = torch.randn(4)
+    for _ in range(2):
+        run([x, torch.nn.Parameter(torch.randn(4))])
+    out = run([x, torch.nn.Parameter(torch.empty(4, device="meta"))])[0]
+    torch.testing.assert_close(out, x * 2)
+    assert run.blocked is not None and "input 1 is a meta tensor" in run.blocked
+
+
 def test_past_the_cap_calls_run_the_wrapper_with_one_warning(caplog):
     run, _ = runner(max_recordings=2)
     w = torch.nn.Parameter(torch.randn(4))
