@@ -121,10 +121,10 @@ def test_oracle_forgives_a_mutation_only_when_kiln_is_as_close_as_eager_to_fp64(
     eager, exact = x1.double(), x0.double() * 1.5
     assert (eager - exact).abs().max() > 1e-4  # fp16 rounding: a float32 mismatch
     near = oracle._near_reference
-    assert near(_MUTATES_IN_HALF, "cpu", ("input", 1), eager, exact, 1e-5)
+    assert near(oracle._Case(_MUTATES_IN_HALF, "cpu", 0), ("input", 1), eager, exact, 1e-5)
     worse = eager + 3 * (eager - exact) + 1e-3
-    assert not near(_MUTATES_IN_HALF, "cpu", ("input", 1), eager, worse, 1e-5)
-    assert not near(_MUTATES_IN_HALF, "cpu", ("input", 0), x0.double(), x0.double() + 1e-2,
+    assert not near(oracle._Case(_MUTATES_IN_HALF, "cpu", 0), ("input", 1), eager, worse, 1e-5)
+    assert not near(oracle._Case(_MUTATES_IN_HALF, "cpu", 0), ("input", 0), x0.double(), x0.double() + 1e-2,
                     1e-3)  # an input the program does not write: eager is exact
 
 
@@ -150,7 +150,7 @@ def test_reference_run_ignores_the_programs_own_half_casts():
     is called wrong. The program's `.to(bfloat16)`, `.half()` and `.float()` run in float64."""
     oracle._reference_run.cache_clear()
     (x1,) = load_program(_CASTS_TO_BF16).make_inputs("cpu")
-    outputs, _ = oracle._reference_run(_CASTS_TO_BF16, "cpu")
+    outputs, _ = oracle._reference_run(oracle._Case(_CASTS_TO_BF16, "cpu", 0))
     x = x1.double()
     exact = x[0] + x[1] * 2 + x[2] * 3
     torch.testing.assert_close(outputs[0], exact, rtol=1e-12, atol=1e-12)
@@ -158,8 +158,8 @@ def test_reference_run_ignores_the_programs_own_half_casts():
     eager = load_program(_CASTS_TO_BF16).fn(x1)[0].double()
     fused = exact.to(torch.bfloat16).double()  # kiln: one rounding, at the store
     near = oracle._near_reference
-    assert near(_CASTS_TO_BF16, "cpu", ("output", 0), eager, fused, 1e-2)
-    assert not near(_CASTS_TO_BF16, "cpu", ("output", 0), eager, fused + 0.25, 1e-2)
+    assert near(oracle._Case(_CASTS_TO_BF16, "cpu", 0), ("output", 0), eager, fused, 1e-2)
+    assert not near(oracle._Case(_CASTS_TO_BF16, "cpu", 0), ("output", 0), eager, fused + 0.25, 1e-2)
 
 
 _BRANCH_ON_ROUNDING = """import torch
@@ -204,8 +204,8 @@ def test_oracle_forgives_the_other_side_of_a_jump_only_where_rounding_decides_it
     eager = module.fn(x0, x1)[0].detach().double()
     other = branches[1] if torch.equal(eager, branches[0]) else branches[0]
     decided = oracle._decided_by_rounding
-    assert decided(_BRANCH_ON_ROUNDING, "cpu", ("output", 0), eager, other)
-    assert not decided(_BRANCH_ON_ROUNDING, "cpu", ("output", 0), eager, other + 10)
+    assert decided(oracle._Case(_BRANCH_ON_ROUNDING, "cpu", 0), ("output", 0), eager, other)
+    assert not decided(oracle._Case(_BRANCH_ON_ROUNDING, "cpu", 0), ("output", 0), eager, other + 10)
     # seed 411446's shape: input nudges never flip its branch, other roundings of the ops do
     oracle._nudged_runs.cache_clear()
     module = load_program(_BRANCH_ON_ROUNDING_3D)
@@ -215,11 +215,11 @@ def test_oracle_forgives_the_other_side_of_a_jump_only_where_rounding_decides_it
     norm = module.m4(x1).detach().double()
     eager = module.fn(x0, x1)[0].detach().double()
     other = norm - 1 if torch.equal(eager, norm * 2) else norm * 2
-    assert decided(_BRANCH_ON_ROUNDING_3D, "cpu", ("output", 0), eager, other)
+    assert decided(oracle._Case(_BRANCH_ON_ROUNDING_3D, "cpu", 0), ("output", 0), eager, other)
     smooth = _RETURNS_INPUT
     (x0,) = load_program(smooth).make_inputs("cpu")
     sin = torch.sin(x0).double()
-    assert not decided(smooth, "cpu", ("output", 0), sin, sin + 1e-3)
+    assert not decided(oracle._Case(smooth, "cpu", 0), ("output", 0), sin, sin + 1e-3)
 
 
 def _warns_at_length(gm, example_inputs):
@@ -251,7 +251,7 @@ def test_campaign_summary_keeps_each_warning_class_first_seed_and_whole_message(
 
     args = argparse.Namespace(seed=10, count=4, backend="kiln", device="cpu",
                               cpu_codegen="eager", workers=1, out=str(tmp_path),
-                              time_budget=None, shrink_budget=0, shrink_time=1.0)
+                              time_budget=None, shrink_budget=0, shrink_time=1.0, grow=False)
     assert cli._campaign(Pool(), args, "tiny") == 0
     with open(tmp_path / "summary.json") as handle:
         (entry,) = json.load(handle)["warnings"].values()

@@ -45,6 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="checks per shrunk class (0: do not shrink)")
     parser.add_argument("--shrink-time", type=float, default=600.0,
                         help="seconds for shrinking all classes together")
+    parser.add_argument("--grow", action="store_true",
+                        help="check each program again at larger input sizes (dynamic shapes)")
     parser.add_argument("--shrink-file", help="re-check and shrink this program file instead")
 
 
@@ -102,7 +104,7 @@ def _campaign(pool: WorkerPool, args: argparse.Namespace, size: str) -> int:
 
     def jobs():
         for seed in range(args.seed, args.seed + args.count):
-            program = generate_program(seed, args.device, size)
+            program = generate_program(seed, args.device, size, args.grow)
             tags[seed] = program.tags
             yield seed, program.source
 

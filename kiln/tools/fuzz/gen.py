@@ -2,7 +2,10 @@
 
 A program is a module with `make_inputs(device)` (fresh inputs, same values and layouts on every
 call), `make_globals(device)` (the nn modules it calls, seeded) and `fn(x0, x1, ...)`, the
-function under test. The same seed, device and size always give the same text.
+function under test. The same seed, device and size always give the same text. With `grow`,
+the module also sets `GROWTH = (0, 1, 2)`: the oracle checks it again with every input dim of 2
+or more grown by 1 and by 2 (dynamic shapes; `inputs.grown`), and `fn` may take Python number
+arguments that change with the growth (`numbers.py`).
 """
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import dataclasses
 import random
 
 from kiln.tools.fuzz.inputs import LAYOUTS
+from kiln.tools.fuzz.numbers import add_numbers, gen_number
 from kiln.tools.fuzz.ops import OPS
 from kiln.tools.fuzz.state import Builder
 
@@ -54,29 +58,34 @@ def _returns(b: Builder) -> str:
     return f"return ({', '.join(v.name for v in chosen)},)"
 
 
-def generate_program(seed: int, device: str = "cpu", size: str = "small") -> Program:
-    """The program of `seed`: deterministic for (seed, device, size)."""
+def generate_program(seed: int, device: str = "cpu", size: str = "small",
+                     grow: bool = False) -> Program:
+    """The program of `seed`: deterministic for (seed, device, size); `grow` adds the
+    dynamic-shape sizes (the body and inputs are the same with and without it)."""
     rng = random.Random(f"{seed}/{device}/{size}")
     max_dim, (low, high) = SIZES[size]
     b = Builder(rng, device, max_dim)
     specs = _inputs(b)
-    names, weights = zip(*((n, w) for n, (w, _) in OPS.items()))
+    table = dict(OPS)
+    if grow:  # number arguments, which change with the growth too (numbers.py)
+        specs += add_numbers(b)
+        table["number"] = (6, gen_number)
+    names, weights = zip(*((n, w) for n, (w, _) in table.items()))
     target = rng.randint(low, high)
     done = 0
     while done < target:
         name = rng.choices(names, weights)[0]
-        if OPS[name][1](b):
+        if table[name][1](b):
             b.tags.append(name)
             done += 1
-    params = ", ".join(v.name for v in b.vars if v.is_input)
+    params = ", ".join([v.name for v in b.vars if v.is_input] + [n for n, _ in b.numbers])
     helpers = [line for helper in b.helpers for line in helper + ["", ""]]
-    return Program(seed, render(seed, specs, b.globals, helpers, params,
-                                b.lines + [_returns(b)]),
-                   tuple(sorted(set(b.tags))))
+    source = render(seed, specs, b.globals, helpers, params, b.lines + [_returns(b)], grow)
+    return Program(seed, source, tuple(sorted(set(b.tags + ["grow"] * grow))))
 
 
 def render(seed: int, specs: list[str], globals_: list[str], helpers: list[str], params: str,
-           body: list[str]) -> str:
+           body: list[str], grow: bool = False) -> str:
     """The program's module source."""
     setup = ["    global " + ", ".join(g.split(" = ")[0] for g in globals_)] if globals_ else []
     # The module is built on the CPU under the seed, then moved: same weights on every device.
@@ -85,7 +94,8 @@ def render(seed: int, specs: list[str], globals_: list[str], helpers: list[str],
     return "\n".join([
         f"# kiln fuzz program, seed {seed}",
         "import io", "", "import torch", "import torch.nn.functional as F", "",
-        "from kiln.tools.fuzz.inputs import make_tensor", "", "_sink = io.StringIO()", "", "",
+        "from kiln.tools.fuzz.inputs import make_number, make_tensor", "", "_sink = io.StringIO()",
+        *(["GROWTH = (0, 1, 2)"] if grow else []), "", "",
         "def make_inputs(device):", f"    g = torch.Generator().manual_seed({seed})",
         "    return [", *specs, "    ]", "", "",
         "def make_globals(device):", f"    torch.manual_seed({seed})", *setup,

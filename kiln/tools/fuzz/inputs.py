@@ -3,12 +3,32 @@
 A program's `make_inputs(device)` calls `make_tensor` once per input with a fixed generator seed,
 so the eager run and the kiln run each get their own fresh, bit-identical inputs with the same
 layout (strides and storage offset included), which `clone()` would not preserve.
+
+Under `grown(k)` every dim of 2 or more is k larger (a dim of 1 stays 1): the same program at
+other sizes, for the oracle's dynamic-shape calls. Equal dims stay equal and size-1 dims stay
+broadcastable, so a program that broadcasts at its own sizes still does.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
+
 import torch
 
-__all__ = ["LAYOUTS", "make_tensor"]
+__all__ = ["LAYOUTS", "grown", "make_number", "make_tensor"]
+
+_GROWTH = contextvars.ContextVar("kiln_fuzz_growth", default=0)
+
+
+@contextlib.contextmanager
+def grown(k: int) -> Iterator[None]:
+    """Inputs made inside are k larger in every dim of 2 or more."""
+    token = _GROWTH.set(k)
+    try:
+        yield
+    finally:
+        _GROWTH.reset(token)
 
 # contiguous; transposed (strides swapped); offset (a view into a longer storage); stepped (every
 # other element of a wider tensor).
@@ -25,8 +45,10 @@ def _values(shape: tuple[int, ...], dtype: str, gen: torch.Generator) -> torch.T
 
 def make_tensor(shape: tuple[int, ...], dtype: str, layout: str, gen: torch.Generator,
                 device: str) -> torch.Tensor:
-    """A tensor of `shape` and `dtype` with random values, laid out as `layout` on `device`."""
-    shape = tuple(shape)
+    """A tensor of `shape` (grown by `grown`) and `dtype` with random values, laid out as
+    `layout` on `device`."""
+    growth = _GROWTH.get()
+    shape = tuple(size + growth if size >= 2 else size for size in shape)
     if layout == "transposed" and len(shape) >= 2:
         flipped = shape[:-2] + (shape[-1], shape[-2])
         return _values(flipped, dtype, gen).to(device).transpose(-1, -2)
@@ -39,3 +61,12 @@ def make_tensor(shape: tuple[int, ...], dtype: str, layout: str, gen: torch.Gene
         wide = shape[:-1] + (shape[-1] * 2,)
         return _values(wide, dtype, gen).to(device)[..., ::2]
     return _values(shape, dtype, gen).to(device)
+
+
+def make_number(base: int | float, kind: str) -> int | float:
+    """A Python number argument, another value at each growth: a float moves by 0.75 per step,
+    a negative int down by 2, an int >= 2 up by 3 (a size symbol's range)."""
+    growth = _GROWTH.get()
+    if kind == "float":
+        return base + 0.75 * growth
+    return base - 2 * growth if kind == "negint" else base + 3 * growth

@@ -18,9 +18,11 @@ import linecache
 import logging
 import re
 import types
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
+
+from kiln.tools.fuzz.inputs import grown
 
 __all__ = ["Verdict", "check_source", "load_program"]
 
@@ -82,22 +84,39 @@ class _Counter(logging.Handler):
             self.first = text
 
 
+class _Case(NamedTuple):
+    """One program at one size: its source, device and input growth (`inputs.grown`)."""
+    source: str
+    device: str
+    growth: int
+
+
 def check_source(source: str, backend: str, device: str = "cpu", calls: int = 2) -> Verdict:
-    """Run the program in `source` under eager and under `kiln.compile(fn, backend=backend)`."""
+    """Run the program in `source` under eager and under `kiln.compile(fn, backend=backend)`.
+
+    A program whose module sets `GROWTH = (0, 1, 2)` (the generator's `--grow`) is checked at
+    each growth in turn, `calls` kiln calls each, under one compiled function: the later sizes
+    hit kiln's recompile into dynamic shapes, then that dynamic graph at a new size."""
     from kiln import api
     api.reset()
     module = load_program(source)
     module.make_globals(device)
-    expected, eager_inputs = _run(module.fn, module, device)
+    growths = tuple(getattr(module, "GROWTH", (0,)))
     counter = _Counter()
     logging.getLogger("kiln").addHandler(counter)
     try:
-        compiled = api.compile(module.fn, backend=backend)
-        for call in range(calls):
-            got, kiln_inputs = _run(compiled, module, device)
-            _compare(expected, eager_inputs, got, kiln_inputs, source, device)
+        compiled = None
+        for growth in growths:
+            with grown(growth):
+                expected, eager_inputs = _run(module.fn, module, device)
+            compiled = compiled or api.compile(module.fn, backend=backend)
+            for call in range(calls):
+                with grown(growth):
+                    got, kiln_inputs = _run(compiled, module, device)
+                _compare(expected, eager_inputs, got, kiln_inputs, _Case(source, device, growth))
     except _Mismatch as exc:
-        return Verdict(exc.failure, f"{exc.detail}", counter.count, _poisoned(device))
+        detail = exc.detail if growths == (0,) else f"{exc.detail} (inputs grown by {growth})"
+        return Verdict(exc.failure, detail, counter.count, _poisoned(device))
     finally:
         logging.getLogger("kiln").removeHandler(counter)
     return Verdict("", counter.first, counter.count, _poisoned(device))
@@ -118,7 +137,7 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0][:300] if text else ''}"
 
 
-def _compare(expected, eager_inputs, got, kiln_inputs, source: str, device: str) -> None:
+def _compare(expected, eager_inputs, got, kiln_inputs, case: _Case) -> None:
     if isinstance(got, Exception) and re.search(r"CUDA error|illegal memory", str(got)):
         raise _Mismatch("crash:cuda_error", _first_line(got))
     if isinstance(expected, Exception) or isinstance(got, Exception):
@@ -127,11 +146,11 @@ def _compare(expected, eager_inputs, got, kiln_inputs, source: str, device: str)
     if len(expected) != len(got):
         raise _Mismatch("mismatch:count", f"{len(expected)} outputs in eager, {len(got)} in kiln")
     for i, (e, k) in enumerate(zip(expected, got)):
-        _compare_value(f"output {i}", e, k, source, device, ("output", i))
+        _compare_value(f"output {i}", e, k, case, ("output", i))
     _compare_aliasing(expected, eager_inputs, got, kiln_inputs)
     for i, (e, k) in enumerate(zip(eager_inputs, kiln_inputs)):
         try:
-            _compare_value(f"input {i} after the call", e, k, source, device, ("input", i))
+            _compare_value(f"input {i} after the call", e, k, case, ("input", i))
         except _Mismatch as exc:
             raise _Mismatch("mismatch:mutation", exc.detail) from None
 
@@ -147,7 +166,7 @@ def _compare_raises(expected, got) -> None:
                         f"eager {_first_line(expected)}; kiln {_first_line(got)}")
 
 
-def _compare_value(what: str, e, k, source: str, device: str, which: tuple[str, int]) -> None:
+def _compare_value(what: str, e, k, case: _Case, which: tuple[str, int]) -> None:
     if not isinstance(e, torch.Tensor) or not isinstance(k, torch.Tensor):
         if type(e) is not type(k) or e != k:
             raise _Mismatch("mismatch:value", f"{what}: eager {e!r}, kiln {k!r}")
@@ -162,9 +181,9 @@ def _compare_value(what: str, e, k, source: str, device: str, which: tuple[str, 
     rtol, atol = _TOL.get(str(e.dtype).removeprefix("torch."), (0.0, 0.0))
     if torch.allclose(k64, e64, rtol=rtol, atol=atol, equal_nan=True):
         return
-    if e.is_floating_point() and _near_reference(source, device, which, e64, k64, atol):
+    if e.is_floating_point() and _near_reference(case, which, e64, k64, atol):
         return
-    if e.is_floating_point() and _decided_by_rounding(source, device, which, e64, k64):
+    if e.is_floating_point() and _decided_by_rounding(case, which, e64, k64):
         return
     bad = ~torch.isclose(k64, e64, rtol=rtol, atol=atol, equal_nan=True)
     raise _Mismatch("mismatch:value", f"{what} ({e.dtype}, {tuple(e.shape)}): "
@@ -172,13 +191,13 @@ def _compare_value(what: str, e, k, source: str, device: str, which: tuple[str, 
                     f"{float((k64 - e64).abs().nan_to_num(float('inf')).max()):.3g}")
 
 
-def _near_reference(source: str, device: str, which: tuple[str, int], e64, k64,
+def _near_reference(case: _Case, which: tuple[str, int], e64, k64,
                     atol: float) -> bool:
     """Whether kiln's value `which` — ("output", i), or ("input", i) after the call — is about
     as close as eager's to the same value in an fp64 run: kiln's largest error at most 1.5x
     eager's plus the dtype's atol. A kiln that keeps float32 where eager rounds an fp16 product
     (`x.copy_(x_fp16 * 1.5)`, GPU seed 4322) passes; one farther off than eager does not."""
-    run = _reference_run(source, device)
+    run = _reference_run(case)
     if run is None:  # no reference for this program: the mismatch stands
         return False
     kind, index = which
@@ -223,7 +242,7 @@ _NUDGE = {torch.float32: 2.0 ** -20, torch.float64: 2.0 ** -49, torch.float16: 2
 _NUDGES = 4
 
 
-def _decided_by_rounding(source: str, device: str, which: tuple[str, int], e64, k64) -> bool:
+def _decided_by_rounding(case: _Case, which: tuple[str, int], e64, k64) -> bool:
     """Whether the program is discontinuous at these inputs within rounding: eager itself,
     with its inputs nudged by a few ulps or every op's result rounded a little differently (as
     a compiler that reorders a reduction does), moves its value `which` by at least half of
@@ -232,7 +251,7 @@ def _decided_by_rounding(source: str, device: str, which: tuple[str, int], e64, 
     right than kiln's: `if t.sum() > 0` over a LayerNorm's output, whose sum is 0 up to
     rounding (fuzz seeds 315707, 326347, 408551, 411446). A program continuous at its inputs
     is never forgiven here."""
-    runs = _nudged_runs(source, device)
+    runs = _nudged_runs(case)
     if not runs:
         return False
     kind, index = which
@@ -286,7 +305,7 @@ def _shares_storage(out: torch.Tensor, args: tuple, kwargs: dict | None) -> bool
 
 
 @functools.lru_cache(maxsize=2)
-def _nudged_runs(source: str, device: str) -> list[tuple[list, list, float]]:
+def _nudged_runs(case: _Case) -> list[tuple[list, list, float]]:
     """Eager runs of the program with other roundings: inputs nudged by a few ulps (each
     float element times 1 +- `_NUDGE`), and every op's result so nudged (`_RoundingNoise`),
     signs from fixed generators: (outputs, inputs after the call, nudge) as CPU float64
@@ -294,11 +313,13 @@ def _nudged_runs(source: str, device: str) -> list[tuple[list, list, float]]:
     runs = []
     for k in range(2 * _NUDGES):
         try:
-            module = load_program(source, "kiln_fuzz_nudged")
-            module.make_globals(device)
+            module = load_program(case.source, "kiln_fuzz_nudged")
+            module.make_globals(case.device)
             gen = torch.Generator().manual_seed(1000 + k)
             inputs, nudge = [], 0.0
-            for t in module.make_inputs(device):
+            with grown(case.growth):
+                made = module.make_inputs(case.device)
+            for t in made:
                 if k < _NUDGES and isinstance(t, torch.Tensor) and t.dtype in _NUDGE:
                     nudge = max(nudge, _nudge_(t, gen))
                 inputs.append(t)
@@ -319,19 +340,21 @@ def _nudged_runs(source: str, device: str) -> list[tuple[list, list, float]]:
 
 
 @functools.lru_cache(maxsize=2)
-def _reference_run(source: str, device: str) -> tuple[list, list] | None:
+def _reference_run(case: _Case) -> tuple[list, list] | None:
     """The program run in float64 (float inputs, module parameters and every float dtype it
     names): its outputs and its inputs after the call, as CPU float64 tensors (None for a
     non-tensor value), or None when it raises. Run once per program (both kiln calls compare
     against it)."""
     try:
-        module = load_program(source, "kiln_fuzz_reference")
-        module.make_globals(device)
+        module = load_program(case.source, "kiln_fuzz_reference")
+        module.make_globals(case.device)
         for value in vars(module).values():
             if isinstance(value, torch.nn.Module):
                 value.double()
+        with grown(case.growth):
+            made = module.make_inputs(case.device)
         inputs = [t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t
-                  for t in module.make_inputs(device)]
+                  for t in made]
         with _Float64Everywhere():
             out = module.fn(*inputs)
     except Exception:

@@ -64,6 +64,7 @@ class Builder:
         self.globals: list[str] = []
         self.helpers: list[list[str]] = []  # module-level function definitions, line by line
         self.tags: list[str] = []
+        self.numbers: list[tuple[str, str]] = []  # Python number parameters: (name, kind)
         # Variables the program must return: a value computed from out-of-range indices, which
         # a compiler may drop (dead code) if nothing reads it.
         self.returned: list[str] = []
