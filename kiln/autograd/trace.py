@@ -88,17 +88,16 @@ def _symbolic_int(node: torch.fx.Node, real: Any) -> bool:
 
 
 def _refuse_non_tensor_inputs(gm: torch.fx.GraphModule, reals: list) -> None:
-    """Raise for graph inputs that are Python numbers but no int symbol of capture: a float
-    argument that changed between calls (automatic dynamic makes it a graph input, as
-    torch.compile does). The message names them in the user's terms."""
+    """Raise for graph inputs that are Python numbers but no int symbol: kiln's capture passes
+    a changing float (or an int no symbol holds) as a 0-dim tensor, so these come from a graph
+    made elsewhere (torch.compile's Dynamo, a hand-built one). The message names them."""
     odd = [(node, real) for node, real in zip(_placeholders(gm), reals)
            if not isinstance(real, torch.Tensor) and not _symbolic_int(node, real)]
     kinds = sorted({type(real).__name__ for _, real in odd})
     names = [str(node.meta.get("source", node.name)) for node, _ in odd]
     raise AutogradUnsupported(
-        f"graph inputs that are not tensors ({', '.join(kinds)}): {', '.join(names)}; a Python "
-        "float that changes between calls becomes a graph input, and this stage traces "
-        "tensors and int symbols only",
+        f"graph inputs that are not tensors ({', '.join(kinds)}): {', '.join(names)}; this "
+        "stage traces tensors and int symbols only",
         hint="the graph runs eagerly instead; pass such a number as a tensor "
              "(torch.tensor(x)) to keep it compiled, or keep it constant")
 

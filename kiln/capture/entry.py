@@ -15,7 +15,7 @@ from kiln.capture.breaks import (CONTEXT_FACTORIES, STACK_PREFIX, ResumeLayout, 
 from kiln.capture.guard_cse import share_reads
 from kiln.capture.guards import Guard
 from kiln.capture.handlers_calls import WithExitVT, call_operands
-from kiln.capture.sources import attr_expr
+from kiln.capture.sources import NumberTensor, attr_expr
 from kiln.capture.unsupported import unsupported
 from kiln.capture.variables.base import (VT, ConstantVT, DeletedVT, LazyVT, NotConstant,
                                          NullVT)
@@ -28,6 +28,7 @@ from kiln.capture.variables.ndarray import NdarrayVT
 from kiln.capture.variables.nn_module import ModuleVT
 from kiln.capture.variables.objects import (AutocastVT, ClassVT, GradModeVT, NewObjectVT,
                                             OpaqueMethodVT, PythonModuleVT, UserObjectVT)
+from kiln.capture.variables.number_tensors import TensorNumberVT, host_expression
 from kiln.capture.variables.scalars import SymScalarVT
 from kiln.capture.variables.tensor import TensorMethodVT, TensorVT
 
@@ -95,6 +96,11 @@ class _Rebuilder:
     def expr(self, vt: VT) -> str:
         if isinstance(vt, LazyVT):
             return vt.source.expr()
+        if isinstance(vt, TensorNumberVT):  # a Python number again
+            numbers = {node: source.base.expr() for node, source in self.input_source.items()
+                       if isinstance(source, NumberTensor)}
+            host = host_expression(vt.node, numbers, self.consts.literal_or_ref)
+            return host if host is not None else f"{self._node(vt.node)}.item()"
         if isinstance(vt, (TensorVT, SymScalarVT)):
             return self._node(vt.node)
         if isinstance(vt, NdarrayVT):

@@ -67,6 +67,8 @@ class Guard:
             actual = eval(self.value, namespace)  # noqa: S307
         except Exception as err:  # the value is not even readable: that is the failure
             return GuardFailure(self.user, _show(self.expected), f"<{type(err).__name__}: {err}>")
+        if self.kind == "range":  # `s: expected != 0, got 0.0`
+            return GuardFailure(self.user, f"{self.op} {_show(self.expected)}", _show(actual))
         return _explain(self.user, self.expected, actual)
 
 
@@ -229,6 +231,20 @@ class GuardSet:
         self.type_match(source, value, module=module, location=location)
         op = "is" if value is None or isinstance(value, bool) else "=="
         self._add(source.expr(), op, value, source.name(), "constant", module=module,
+                  location=location)
+
+    def within(self, source: Source, low: float, high: float, *,
+               location: UserLocation | None = None) -> None:
+        """`low <= value <= high`: a number a graph takes as a tensor where eager checks that it
+        fits a dtype (`number_tensors`); a value outside compiles again, specialized."""
+        self.holds(source, ">=", low, location=location)
+        self.holds(source, "<=", high, location=location)
+
+    def holds(self, source: Source, op: str, bound: Any, *,
+              location: UserLocation | None = None) -> None:
+        """`value op bound` (`s != 0`, `s >= 0`): what a number a graph takes as a tensor must
+        satisfy for the tensor op to mean what Python's does (`number_tensors`)."""
+        self._add(source.expr(), op, bound, source.name(), "range", module=False,
                   location=location)
 
     def length(self, source: Source, value: Any, *, module: bool = False,

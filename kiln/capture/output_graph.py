@@ -18,7 +18,7 @@ from kiln.config import config
 from kiln.capture.dynamic_dims import DynamicPolicy
 from kiln.capture.guards import Constants, GuardSet
 from kiln.capture.shape_guards import INT_ARGUMENT_MAX, SymbolicInputs
-from kiln.capture.sources import Source
+from kiln.capture.sources import NumberTensor, Source
 from kiln.capture.unsupported import unsupported
 
 if TYPE_CHECKING:
@@ -101,20 +101,28 @@ class OutputGraph:
     def scalar_input(self, value: Any, source: Source, why: str) -> Any:
         """A Python number read from `source` as a graph input (see variables/scalars.py): an
         int in `[2, INT_ARGUMENT_MAX]` is a symbol of the ShapeEnv, like a symbolic size; a
-        float, a negative int or one past int32 (a seed, an id) stays value-only: arithmetic
-        keeps it symbolic, any other use specializes it."""
+        float, a negative int or one past int32 (a seed, an id) stays value-only, a 0-dim
+        tensor input (`variables/number_tensors.py`): arithmetic keeps it symbolic, any other
+        use specializes it."""
+        from kiln.capture.variables import number_tensors
         from kiln.capture.variables.scalars import SymScalarVT
-        node = self._placeholder(source)
-        node.meta["source"] = source.name()
-        self.inputs.append(GraphInput(node, source, value))
         if type(value) is int and 2 <= value <= INT_ARGUMENT_MAX:
+            node = self._placeholder(source)
+            node.meta["source"] = source.name()
+            self.inputs.append(GraphInput(node, source, value))
             symbol = _compat.symbolic_int(self.fake_mode, value, source.ident())
             self.symbolic.add_number(source, symbol, why)
             node.meta["val"] = symbol
             return SymScalarVT(node, symbol, (), self)
-        node.meta["val"] = value
+        wrap = number_tensors.float_tensor if type(value) is float else number_tensors.int_tensor
+        example = wrap(value)
+        wrapped = NumberTensor(source, self.consts.ref(wrap))
+        node = self._placeholder(wrapped)
+        node.meta["source"] = source.name()
+        node.meta["val"] = fake = self.fake_mode.from_tensor(example, static_shapes=True)
+        self.inputs.append(GraphInput(node, wrapped, example))
         self.scalar_examples[source] = value
-        return SymScalarVT(node, value, (source,), self)
+        return number_tensors.TensorNumberVT(node, value, (source,), self, fake)
 
     def _placeholder(self, source: Source) -> torch.fx.Node:
         name = self._unique(source.ident())

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 __all__ = [
     "Source", "Local", "Global", "Closure", "Attr", "DictAttr", "Param", "Buffer", "SubModule",
-    "Item", "ConstSource", "FnClosure", "TypeAttr", "RefItem", "attr_expr", "is_literal_key",
+    "Item", "ConstSource", "FnClosure", "TypeAttr", "RefItem", "NumberTensor", "attr_expr",
+    "is_literal_key",
 ]
 
 
@@ -196,6 +197,20 @@ class RefItem(_Derived):
 
     def name(self) -> str:
         return f"{self.base.name()}[{self.label}]"
+
+
+@dataclass(frozen=True)
+class NumberTensor(_Derived):
+    """The number read from `base` as the 0-dim tensor a graph takes it as: `wrap` is the bound
+    name of the function that makes it (`variables/number_tensors.py`). The user's name for it
+    is the number's."""
+    wrap: str
+
+    def expr(self) -> str:
+        return f"{self.wrap}({self.base.expr()})"
+
+    def name(self) -> str:
+        return self.base.name()
 
 
 @dataclass(frozen=True)

@@ -336,8 +336,11 @@ class _Writer:
             for line in symbolic_prologue(graph):
                 self._line(line)
         for name in graph.moved_inputs:  # a CPU scalar tensor: kernels cannot read host memory
-            device = graph.buffers[name].layout.device
-            self._line(f"{name} = {name}.to({self._device(device)})")
+            # a fill kernel taking the value, not `.to(device)`: a copy from pageable host
+            # memory synchronizes the stream, every call (a float argument is such an input)
+            lay = graph.buffers[name].layout
+            self._line(f"{name} = torch.full((), {name}.item(), dtype={lay.dtype}, "
+                       f"device={self._device(lay.device)})")
         for cname in graph.constants:
             self._line(f"{cname} = constants[{cname!r}]")
         unread = self._unread_inputs()

@@ -2,13 +2,12 @@
 int argument under `dynamic=True`) is a symbol of the capture's ShapeEnv, as torch.compile's
 unspecialized ints, so `torch.arange(n)`, `x[:, :n]`, `x * n` and a decode step's position keep
 one graph for every value; the autograd stage traces it once (a SymInt placeholder);
-`dynamic=False` specializes every value; a branch on it is a guard in the user's terms. A float
-argument still makes the graph run eagerly, with a warning naming it.
+`dynamic=False` specializes every value; a branch on it is a guard in the user's terms. Floats
+and ints outside a symbol's range are 0-dim tensor inputs (tests/capture/test_number_tensors.py).
 
 Every test compares with eager on fresh random inputs per call and counts captures."""
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import pytest
@@ -160,27 +159,11 @@ def test_training_with_an_int_argument_matches_eager_grads(recorder):
     assert recorder.autograd_traces[-1].symbolic and recorder.autograd_traces[-1].training
 
 
-def test_a_changing_float_argument_runs_eagerly_and_is_named(caplog):
-    """A float is not a ShapeEnv symbol here: the graph taking it runs eagerly, with eager's
-    answers, and the warning names the argument."""
-
-    def fn(x, scale):
-        return x * scale + 1
-
-    compiled = kiln.compile(fn, backend="aot_eager")
-    with caplog.at_level(logging.WARNING, logger="kiln"):
-        for scale in (0.5, 1.5, 2.5):
-            x = torch.randn(4)
-            _close(compiled(x, scale), fn(x, scale))
-    assert "not tensors (float): scale;" in caplog.text
-    assert "torch.tensor(x)" in caplog.text
-
-
 def test_values_below_two_get_graphs_of_their_own():
     """The symbol of an int argument is a size's (kernels assume sizes >= 2): after the
-    symbolic capture, 1 and 0 each get a specialized graph and a negative value a graph taking
-    it as a plain value (the autograd stage runs that one eagerly), all with eager's answers; a
-    later value >= 2 reuses the symbolic one."""
+    symbolic capture, 1 and 0 each get a specialized graph and a negative value one of its own
+    (a slice bound needs its value), all with eager's answers; a later value >= 2 reuses the
+    symbolic one."""
     backend = CountingAot()
 
     def fn(x, n):
@@ -198,12 +181,12 @@ def test_values_below_two_get_graphs_of_their_own():
 
 def test_an_int_past_int32_gets_a_graph_of_its_own():
     """The kernels' sizes are int32: an int argument's symbol is bounded by a guard, and a value
-    past it (a seed, a checksum) is a plain value in a capture of its own (one for all such
-    values: no recompile per value), with eager's answers."""
+    past it (a seed, a checksum) is a 0-dim int64 tensor input in a capture of its own (one for
+    all such values: no recompile per value), with eager's answers."""
     backend = CountingAot()
 
     def fn(x, n):
-        return x * (n % 1000) + x[: n % 3 + 1].sum()
+        return x * (n % 1000) + x[:2].sum() * (n % 3 + 1)
 
     compiled = kiln.compile(fn, backend=backend)
     for n in (5, 7, 2**40 + 3, 9, 2**40 + 8):

@@ -22,21 +22,6 @@ from kiln.runtime import compile_graph
 pytestmark = pytest.mark.usefixtures("generated_kernels")
 
 
-@pytest.fixture
-def kernel_compiles(monkeypatch):
-    """The kernel specs compiled into kernel objects (one entry per compile_kernel call)."""
-    pytest.importorskip("triton")
-    compiled: list = []
-    real = launcher_module.compile_kernel
-
-    def counting(spec):
-        compiled.append(spec)
-        return real(spec)
-
-    monkeypatch.setattr(launcher_module, "compile_kernel", counting)
-    return compiled
-
-
 def _symbolic(fn, example, dynamic=None):
     """The ATen graph of fn with the `dynamic` dims symbolic (input -> dims; None: all)."""
     return _compat.make_symbolic_aten_graph(fn, example, trace_table(), dynamic)

@@ -24,6 +24,7 @@ from kiln.capture.variables.functions import (BoundMethodVT, OpaqueCallableVT, T
                                               UserFunctionVT)
 from kiln.capture.variables.ndarray import NumpyFunctionVT
 from kiln.capture.variables.nn_module import ModuleVT
+from kiln.capture.variables.number_tensors import number_dtype
 from kiln.capture.variables.objects import (ClassVT, PartialVT, PythonModuleVT, UserObjectVT,
                                             context_vt)
 
@@ -63,7 +64,8 @@ def _dynamic_number(tx: Translator, value: Any, source: Source, module_guard: bo
     function under `dynamic=True` (as torch.compile's unspecialized ints; an int read through
     module state or an object stays specialized: layer sizes, head counts). 0 and 1 stay
     constants, as sizes 0 and 1 do (`OutputGraph.scalar_input` says what the others become)."""
-    if type(value) not in (int, float) or (type(value) is int and value in (0, 1)):
+    if type(value) not in (int, float) or (type(value) is int and value in (0, 1)) or \
+            number_dtype(value) is None:  # an int past int64 has no tensor to travel in
         return None
     if source.expr() in tx.output.dynamic_scalars:
         return "its value changed between calls"

@@ -19,6 +19,7 @@ from kiln.capture.variables.base import VT, ConstantVT, NotConstant
 from kiln.capture.variables.containers import DictVT, IteratorVT, ListVT, SliceVT, TupleVT
 from kiln.capture.variables.ndarray import NdarrayVT
 from kiln.capture.variables.objects import AutocastVT, GradModeVT
+from kiln.capture.variables.number_tensors import TensorNumberVT
 from kiln.capture.variables.scalars import SymScalarVT, scalar_op, specialize_all
 from kiln.capture.variables.tensor import TensorVT, dim_vt, graph_call
 
@@ -351,6 +352,8 @@ def _min_max(fn: Callable) -> Callable[[Translator, Args, Kwargs], VT | None]:
 def _abs(tx: Translator, args: Args, kwargs: Kwargs) -> VT | None:
     if isinstance(args[0], TensorVT):
         return graph_call(tx, "call_function", torch.abs, args, {})
+    if isinstance(args[0], TensorNumberVT):  # a value-only number stays one
+        return scalar_op(tx, operator.abs, args)
     if isinstance(args[0], NdarrayVT):
         from kiln.capture import numpy_ops
         return numpy_ops.unary(tx, abs, args[0])

@@ -98,9 +98,13 @@ def specialize_all(value: Any, sizes: bool = False) -> Any:
     return value
 
 
-def scalar_op(tx: Translator, op: Any, args: list[VT]) -> SymScalarVT:
-    """`op(*args)` on numbers where at least one is symbolic: a node returning a number."""
+def scalar_op(tx: Translator, op: Any, args: list[VT]) -> VT:
+    """`op(*args)` on numbers where at least one is symbolic: a node returning a number (a 0-dim
+    tensor where one is a value-only number: `number_tensors`)."""
+    from kiln.capture.variables.number_tensors import TensorNumberVT, number_arithmetic
     from kiln.capture.variables.tensor import to_graph_args
+    if any(isinstance(a, TensorNumberVT) for a in args):
+        return number_arithmetic(tx, op, args)
     pairs = [to_graph_args(a) for a in args]
     node, value = tx.output.create_node("call_function", op, tuple(p[0] for p in pairs), {},
                                         lambda: op(*(p[1] for p in pairs)))
@@ -113,6 +117,7 @@ def tensor_of_numbers(tx: Translator, fn: Any, args: list[VT], kwargs: dict[str,
     `scalar_tensor` per number, stacked, so the numbers stay symbolic (the fake `torch.tensor`
     would read each one's value, a guard per size). None where this does not apply."""
     from kiln.capture.variables.containers import ListVT, TupleVT
+    from kiln.capture.variables.number_tensors import TensorNumberVT, number_as_tensor
     from kiln.capture.variables.tensor import graph_call
     if fn not in (torch.tensor, torch.as_tensor) or len(args) != 1 or set(kwargs) - {"dtype",
                                                                                     "device"}:
@@ -130,7 +135,9 @@ def tensor_of_numbers(tx: Translator, fn: Any, args: list[VT], kwargs: dict[str,
         else torch.int64)
     options = {"dtype": ConstantVT(dtype), **({"device": kwargs["device"]} if "device" in kwargs
                                              else {})}
-    scalars = [graph_call(tx, "call_function", torch.scalar_tensor, [i], options) for i in items]
+    scalars = [number_as_tensor(tx, i, dtype, kwargs.get("device"))
+               if isinstance(i, TensorNumberVT) else
+               graph_call(tx, "call_function", torch.scalar_tensor, [i], options) for i in items]
     if not listed:
         return scalars[0]
     return graph_call(tx, "call_function", torch.stack, [ListVT(scalars)], {})

@@ -18,6 +18,7 @@ from kiln.capture.sources import Source
 from kiln.config import config
 from kiln.capture.unsupported import Unsupported, unsupported
 from kiln.capture.variables.base import VT, ConstantVT
+from kiln.capture.variables.number_tensors import TensorNumberVT, tensor_op_arguments
 from kiln.capture.variables.scalars import VALUE_ONLY_TARGETS, SymScalarVT, specialize_all
 
 if TYPE_CHECKING:
@@ -246,6 +247,9 @@ def to_graph_args(vt: Any) -> tuple[Any, Any]:
     from kiln.capture.variables.containers import ListVT, SliceVT, TupleVT, DictVT
     if isinstance(vt, TensorVT):
         return vt.node, vt.fake
+    if isinstance(vt, TensorNumberVT):  # where no op took it as a tensor: its value, guarded
+        value = vt.as_constant()
+        return value, value
     if isinstance(vt, SymScalarVT):
         return vt.node, vt.value
     if isinstance(vt, ConstantVT):
@@ -277,6 +281,8 @@ def graph_call(tx: Translator, op: str, target: Any, args: list[VT], kwargs: dic
     (the call changes state, like `_set_grad_enabled`)."""
     if target not in VALUE_ONLY_TARGETS:  # a symbolic number could decide a shape here
         args, kwargs = specialize_all(list(args)), specialize_all(dict(kwargs))
+    else:  # value-only numbers: cast to the dtype the op computes in, or specialized
+        args, kwargs = tensor_op_arguments(tx, target, list(args), dict(kwargs))
     _check_in_place_cast(op, target, args, kwargs)
     try:
         return _record_call(tx, op, target, args, kwargs, keep)
