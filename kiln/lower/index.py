@@ -289,8 +289,10 @@ class Expr:
         return self._str
 
     def __repr__(self) -> str:
-        # a symbolic size prints as the Python source of itself (wrapper text, IR dumps)
-        return str(self) if self.is_size() else f"Expr({self})"
+        # a symbolic size prints as the Python source of itself (wrapper text, IR dumps), and so
+        # does a constant one (a slice `(s0 + 2)//3` the ShapeEnv pinned to 1 reached a
+        # wrapper's as_strided as `Expr(1)`: NameError, fuzz seed 3202608 with --grow)
+        return str(self) if self.is_size() or self.is_constant else f"Expr({self})"
 
     def str_operand(self) -> str:
         """str(self), parenthesized unless it is a single symbol or a non-negative constant."""

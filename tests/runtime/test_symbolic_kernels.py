@@ -668,3 +668,34 @@ def test_kiln_compile_int_argument_compiles_kernels_for_two_values_only(device, 
     symbolic = [t.symbolic for t in recorder.autograd_traces]
     assert symbolic == [False, True], recorder.autograd_traces
     assert counts[1] > counts[0] > 0 and counts[-1] == counts[1], counts
+
+
+def _broadcasts_a_slice(x):
+    return x + x[1::3]  # (s0 + 1)//3 rows: 1 for s0 in 2..4, under the ShapeEnv's guard
+
+
+def _squeezes_a_slice(x):
+    return x[1::3].squeeze(0) * 2
+
+
+def _copies_a_strided_slice(x):
+    v = x[:, 0::3]  # (s1 + 2)//3 columns, broadcast by the copy: pinned to 1 (s1 in 2..3)
+    x.copy_(v)
+    return v
+
+
+@pytest.mark.parametrize("fn", [_broadcasts_a_slice, _squeezes_a_slice, _copies_a_strided_slice],
+                         ids=["broadcast", "squeeze", "copy_from_slice"])
+def test_a_symbolic_size_pinned_to_one_is_broadcast(device, fn):
+    """Fuzz seeds 3203575 and 3202608 (--grow): a size the trace proved 1 only through a guard
+    (`(s0 + 1)//3 == 1`) broadcast as if it spanned the result, reading past the input (garbage
+    on the CPU, a fault on CUDA), and reached the wrapper as `Expr(1)` (NameError)."""
+    import kiln
+
+    compiled = kiln.compile(fn)
+    for n in (2, 3, 2, 3):
+        x = torch.randn(n, n, 5, device=device)
+        x_ref = x.clone()
+        got, want = compiled(x), fn(x_ref)
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(x, x_ref)

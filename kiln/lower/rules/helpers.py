@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from kiln.config import config
-from kiln.lower.index import Expr, as_size
+from kiln.lower.index import Expr, as_size, size_hint
 from kiln.lower.ir import Pointwise, compute_dtype
 from kiln.lower.rule_table import Call
 from kiln.lower.ops import ops
@@ -83,10 +83,20 @@ def expand_to(value: TensorValue, size: Sequence[int]) -> TensorValue:
     own = value.size
 
     def reindex(index: Sequence[Expr]) -> list[Expr]:
-        return [Expr((), 0) if own[d] == 1 and size[lead + d] != 1 else index[lead + d]
+        return [Expr((), 0) if broadcasts(own[d], size[lead + d]) else index[lead + d]
                 for d in range(len(own))]
 
     return ViewValue(value, size, reindex, "expand")
+
+
+def broadcasts(own: Any, size: Any) -> bool:
+    """Whether a dim of size `own` is broadcast to `size`: where they differ and `own` is 1, a
+    constant or a symbolic size that was 1 at the example's sizes. A graph traced with
+    symbolic sizes broadcast that dim under the ShapeEnv's guard that it is 1 (torch's
+    broadcasting asks `size == 1`), so it is 1 for every call reaching the graph: `x + x[1::3]`
+    of an (s0, s1) input broadcasts the slice's `(s0 + 1)//3` rows, and indexing them as
+    (s0, s1) read past the input (fuzz seed 3203575 with --grow)."""
+    return own != size and size_hint(own) == 1
 
 
 _HALF = (torch.float16, torch.bfloat16)

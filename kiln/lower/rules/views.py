@@ -14,9 +14,9 @@ from typing import Any, Sequence
 
 import torch
 
-from kiln.lower.index import Expr, as_expr, as_size
+from kiln.lower.index import Expr, as_expr, as_size, size_hint
 from kiln.lower.ir import compute_dtype, contiguous_strides
-from kiln.lower.rule_table import Call, register
+from kiln.lower.rule_table import Call, LoweringError, register
 from kiln.lower.ops import ops
 from kiln.lower.rules.helpers import (expand_to, has_elements, index_value, loader_as, norm_dim,
                                       pointwise)
@@ -190,7 +190,11 @@ def lower_squeeze(call: Call, x: TensorValue, dims: Any = None) -> TensorValue:
     elif isinstance(dims, int):
         dims = [dims]
     gone = {norm_dim(d, ndim) for d in dims if ndim} if ndim else set()
-    gone = {d for d in gone if x.size[d] == 1}
+    # a symbolic size that was 1 when traced is squeezed under the ShapeEnv's guard that it is 1
+    gone = {d for d in gone if size_hint(x.size[d]) == 1}
+    if ndim - len(gone) != len(call.out.shape):
+        raise LoweringError(f"squeeze of {x.size} to {tuple(call.out.shape)}: the dims to drop "
+                            "are not known")
 
     def reindex(index: Sequence[Expr]) -> list[Expr]:
         it = iter(index)
