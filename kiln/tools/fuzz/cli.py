@@ -165,7 +165,7 @@ def _shrunk(pool: WorkerPool, source: str, key: str, budget: int, deadline: floa
 
 def _write(pool: WorkerPool, args: argparse.Namespace, seed: int, key: str, verdict: Verdict,
            deadline: float) -> str:
-    source = generate_program(seed, args.device, _size(args)).source
+    source = generate_program(seed, args.device, _size(args), args.grow).source
     small = _shrunk(pool, source, key, args.shrink_budget, deadline)
     final = pool.check(small)
     verdict = final if not final.ok else verdict
