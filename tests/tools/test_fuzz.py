@@ -162,6 +162,34 @@ def test_reference_run_ignores_the_programs_own_half_casts():
     assert not near(oracle._Case(_CASTS_TO_BF16, "cpu", 0), ("output", 0), eager, fused + 0.25, 1e-2)
 
 
+_INTS_FROM_FLOATS = """import torch
+from kiln.tools.fuzz.inputs import make_tensor
+def make_inputs(device):
+    g = torch.Generator().manual_seed(3302347)
+    return [make_tensor((4, 4), 'float32', 'contiguous', g, device)]
+def make_globals(device):
+    return None
+def fn(x0):
+    return ((x0 * 12).exp() * 3).long(), (x0 * 3).long()
+"""
+
+
+def test_integers_made_from_floats_are_judged_with_float32s_relative_tolerance():
+    """Seed 3302347: `(exp(x * s) * 3).long()` of ~1e17 differs from eager's by a float32
+    rounding amplified by exp; eager's own ints are off from the fp64 run's, so such ints are
+    judged at float32's rtol. A small int (`(x * 3).long()`, exact in the fp64 run too) one
+    unit off is not forgiven."""
+    oracle._reference_run.cache_clear()
+    (x0,) = load_program(_INTS_FROM_FLOATS).make_inputs("cpu")
+    big, small = (t.double() for t in load_program(_INTS_FROM_FLOATS).fn(x0))
+    case = oracle._Case(_INTS_FROM_FLOATS, "cpu", 0)
+    near = oracle._near_reference
+    assert big.abs().max() > 1e10
+    assert near(case, ("output", 0), big, (big * (1 + 3e-6)).round(), 0.0, integer=True)
+    assert not near(case, ("output", 0), big, (big * (1 + 3e-3)).round(), 0.0, integer=True)
+    assert not near(case, ("output", 1), small, small + 1, 0.0, integer=True)
+
+
 _BRANCH_ON_ROUNDING = """import torch
 from kiln.tools.fuzz.inputs import make_tensor
 def make_inputs(device):
