@@ -344,6 +344,8 @@ class TrainingVariant(Variant):
         self.backward_errors = [(k, info.backward_error) for k, info in enumerate(slots)
                                 if info.backward_error]
         self.grad_tangents = _tangents_per_output(self.partition.bw_gm, joint.num_tangents)
+        self.saved_needs = _tangents_per_saved(self.partition.bw_gm, joint.num_tangents)
+        self.unreached = _inputs_reaching_no_output(self.partition.fw_gm, self.num_fw)
         # symbolic sizes: the tangents' layouts for the sizes of each call
         self.tangent_layouts = SizeFunction(
             [(spec.shape, spec.stride, spec.storage_offset) for spec in joint.tangent_specs],
@@ -354,7 +356,7 @@ class TrainingVariant(Variant):
         if full is None:
             return self.eager(args)
         views: list[_ViewOfIntermediate] = []
-        outs = self.function.apply(views, *full)
+        outs = self.function.apply(views, *_detached(full, self.unreached))
         return self.epilogue(full, _view_again(outs, views))
 
     # -- autograd.Function bodies --------------------------------------------------------------
@@ -365,9 +367,18 @@ class TrainingVariant(Variant):
         saved = tuple(s.clone() if isinstance(s, torch.Tensor) and id(s) in mutated else s
                       for s in saved)  # the epilogue overwrites mutated inputs
         ctx.tangent_specs = self._tangent_specs(args)
-        ctx.tensor_slots = [isinstance(s, torch.Tensor) for s in saved]
-        ctx.others = [s for s in saved if not isinstance(s, torch.Tensor)]
-        ctx.save_for_backward(*(s for s in saved if isinstance(s, torch.Tensor)))
+        # A saved graph input is held as it is, with its version: the program may write it in
+        # place later, and only a backward that reads it must refuse then, as eager's own
+        # nodes each check only what they saved (save_for_backward would check every saved
+        # tensor on any backward: fuzz seed 3501465 with --grad, `t = layer_norm(x); y = -x;
+        # <break>; x.clamp_(-1, 1)` raised for a gradient that needs only `-x`).
+        inputs = {id(a) for a in args if isinstance(a, torch.Tensor)}
+        ctx.slots = [_INPUT if isinstance(v, torch.Tensor) and id(v) in inputs else
+                     _TENSOR if isinstance(v, torch.Tensor) else _OTHER for v in saved]
+        ctx.saved_inputs = [(v, v._version) for v, kind in zip(saved, ctx.slots)
+                            if kind is _INPUT]
+        ctx.others = [v for v, kind in zip(saved, ctx.slots) if kind is _OTHER]
+        ctx.save_for_backward(*(v for v, kind in zip(saved, ctx.slots) if kind is _TENSOR))
         ctx.set_materialize_grads(False)
         num_mutated = len(self.joint.mutated_inputs)
         returned = [*outs[:num_mutated],
@@ -419,15 +430,16 @@ class TrainingVariant(Variant):
             if grads[slot] is not None:  # eager's backward reads an overwritten saved tensor
                 raise RuntimeError(message)
         grads = _view_gradients(grads, ctx.views)
-        args = _saved(ctx) + [_coerce(grads[slot], spec)
-                              for slot, spec in zip(self.tangent_slots, ctx.tangent_specs)]
+        reached = sum(1 << j for j, slot in enumerate(self.tangent_slots)
+                      if grads[slot] is not None)
+        args = _saved(ctx, [needs & reached for needs in self.saved_needs]) + [
+            _coerce(grads[slot], spec)
+            for slot, spec in zip(self.tangent_slots, ctx.tangent_specs)]
         # eager frees each node's saved tensors once it ran; here one node runs the whole
         # backward, so let go of ctx's references (not under retain_graph) and hand ours to
         # the wrapper, which drops each saved activation after its last reader
         ctx.maybe_clear_saved_tensors()
         bw = self.compile_backward()
-        reached = sum(1 << j for j, slot in enumerate(self.tangent_slots)
-                      if grads[slot] is not None)
         boxed = getattr(bw, "call_boxed", None)
         outs = boxed(args) if boxed is not None else bw(*args)
         # an input whose gradient reads only tangents no gradient reached gets None, as in
@@ -436,11 +448,66 @@ class TrainingVariant(Variant):
                      for grad, needs in zip(outs, self.grad_tangents))
 
 
-def _saved(ctx: Any) -> list:
-    """The forward's saved values in order: tensors from ctx.saved_tensors, others from
-    ctx.others."""
-    tensors, others = iter(ctx.saved_tensors), iter(ctx.others)
-    return [next(tensors) if is_tensor else next(others) for is_tensor in ctx.tensor_slots]
+_TENSOR, _INPUT, _OTHER = "tensor", "input", "other"  # how the forward kept a saved value
+
+
+def _saved(ctx: Any, needed: list[int]) -> list:
+    """The forward's saved values in order: tensors from ctx.saved_tensors, graph inputs as
+    held (`needed[k]`: value k feeds a gradient this backward computes, so an input written
+    in place since must refuse, with eager's error), others from ctx.others."""
+    tensors, inputs, others = iter(ctx.saved_tensors), iter(ctx.saved_inputs), iter(ctx.others)
+    values = []
+    for kind, need in zip(ctx.slots, needed):
+        if kind is _INPUT:
+            value, version = next(inputs)
+            if need and value._version != version:
+                raise RuntimeError(
+                    "one of the variables needed for gradient computation has been modified "
+                    f"by an inplace operation: [{value.type()} {list(value.shape)}], an input "
+                    f"of a kiln-compiled graph, is at version {value._version}; expected "
+                    f"version {version} instead.")
+            values.append(value)
+        else:
+            values.append(next(tensors) if kind is _TENSOR else next(others))
+    return values
+
+
+def _tangents_per_saved(bw_gm: torch.fx.GraphModule, num_tangents: int) -> list[int]:
+    """Per saved value (the backward graph's leading placeholders), the tangents whose
+    gradients read it: a backward that reaches none of them computes nothing from it that
+    counts. Value k counts for the nodes that take a tangent and read k directly, or through
+    nodes that take no tangent (recomputation); a node whose tangents were not reached adds
+    zero (the gradient of outputs no loss used), so what it reads does not count. An output
+    computed from saved values alone counts always."""
+    placeholders = [n for n in bw_gm.graph.nodes if n.op == "placeholder"]
+    num_saved = len(placeholders) - num_tangents
+    saved = {n: 1 << k for k, n in enumerate(placeholders[:num_saved])}
+    tangents = {n: 1 << j for j, n in enumerate(placeholders[num_saved:])}
+    reads: dict[torch.fx.Node, int] = dict(saved)  # saved values a tangent-free node reads
+    needs = [0] * num_saved
+
+    def add(mask_of_saved: int, wanting: int) -> None:
+        for k in range(num_saved):
+            if mask_of_saved >> k & 1:
+                needs[k] |= wanting
+
+    for node in bw_gm.graph.nodes:
+        if node.op == "placeholder":
+            continue
+        inputs = node.all_input_nodes
+        if node.op == "output":
+            for out in inputs:
+                if not tangents.get(out, 0):
+                    add(reads.get(out, 0), ~0)
+            continue
+        mask = functools.reduce(operator.or_, (tangents.get(i, 0) for i in inputs), 0)
+        if mask:
+            tangents[node] = mask
+            add(functools.reduce(operator.or_, (reads.get(i, 0) for i in inputs
+                                                if not tangents.get(i, 0)), 0), mask)
+        else:
+            reads[node] = functools.reduce(operator.or_, (reads.get(i, 0) for i in inputs), 0)
+    return needs
 
 
 def _make_function(variant: TrainingVariant) -> type:
@@ -454,6 +521,31 @@ def _make_function(variant: TrainingVariant) -> type:
             return (None, *variant.backward(ctx, grads))
 
     return CompiledFunction
+
+
+def _inputs_reaching_no_output(fw_gm: torch.fx.GraphModule, num_outputs: int) -> frozenset[int]:
+    """The forward graph's inputs from which no path leads to its first `num_outputs` outputs
+    (the mutated inputs' values and the user's outputs; the rest are saved for backward):
+    no gradient can flow back to them, as none does in eager."""
+    placeholders = [n for n in fw_gm.graph.nodes if n.op == "placeholder"]
+    (outputs,) = next(n for n in fw_gm.graph.nodes if n.op == "output").args
+    reaching: set[torch.fx.Node] = {o for o in outputs[:num_outputs] if isinstance(o, torch.fx.Node)}
+    for node in reversed(list(fw_gm.graph.nodes)):
+        if node in reaching:
+            reaching.update(node.all_input_nodes)
+    return frozenset(i for i, node in enumerate(placeholders) if node not in reaching)
+
+
+def _detached(args: list, unreached: frozenset[int]) -> list:
+    """`args` with the inputs no gradient reaches detached: the Function then holds no autograd
+    edge to their history, as eager holds none where no output depends on them. With one, a
+    backward asked for other leaves still ran the history's nodes, which read their saved
+    tensors: `t = layer_norm(x); <break>; x.clamp_(-1, 1); return x` raised eager's "modified
+    by an inplace operation" for layer_norm's saved `x` (fuzz seed 3501465 with --grad)."""
+    if not unreached:
+        return args
+    return [a.detach() if i in unreached and isinstance(a, torch.Tensor) and a.requires_grad
+            else a for i, a in enumerate(args)]
 
 
 def _tangents_per_output(bw_gm: torch.fx.GraphModule, num_tangents: int) -> list[int]:

@@ -150,7 +150,7 @@ def test_reference_run_ignores_the_programs_own_half_casts():
     is called wrong. The program's `.to(bfloat16)`, `.half()` and `.float()` run in float64."""
     oracle._reference_run.cache_clear()
     (x1,) = load_program(_CASTS_TO_BF16).make_inputs("cpu")
-    outputs, _ = oracle._reference_run(oracle._Case(_CASTS_TO_BF16, "cpu", 0))
+    outputs, _, _ = oracle._reference_run(oracle._Case(_CASTS_TO_BF16, "cpu", 0))
     x = x1.double()
     exact = x[0] + x[1] * 2 + x[2] * 3
     torch.testing.assert_close(outputs[0], exact, rtol=1e-12, atol=1e-12)
@@ -279,7 +279,7 @@ def test_campaign_summary_keeps_each_warning_class_first_seed_and_whole_message(
 
     args = argparse.Namespace(seed=10, count=4, backend="kiln", device="cpu",
                               cpu_codegen="eager", workers=1, out=str(tmp_path),
-                              time_budget=None, shrink_budget=0, shrink_time=1.0, grow=False)
+                              time_budget=None, shrink_budget=0, shrink_time=1.0, grow=False, grad=False)
     assert cli._campaign(Pool(), args, "tiny") == 0
     with open(tmp_path / "summary.json") as handle:
         (entry,) = json.load(handle)["warnings"].values()

@@ -54,6 +54,7 @@ def reproducer_text(source: str, key: str, verdict: Verdict, backend: str, devic
            if cpu_codegen == "triton_interpret" else "")
     flag = f" --cpu-codegen {cpu_codegen}" if cpu_codegen != "eager" else ""
     flag += " --grow" if "\nGROWTH = " in source else ""
+    flag += " --grad" if "\nGRADS = True" in source else ""
     return (f"# kiln fuzz reproducer: {key}\n"
             f"# found by `python -m kiln fuzz --seed {seed} --count 1 --backend {backend} "
             f"--device {device}{flag}`, then shrunk\n"

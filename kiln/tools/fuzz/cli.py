@@ -47,6 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds for shrinking all classes together")
     parser.add_argument("--grow", action="store_true",
                         help="check each program again at larger input sizes (dynamic shapes)")
+    parser.add_argument("--grad", action="store_true",
+                        help="float inputs require grad; compare gradients too")
     parser.add_argument("--shrink-file", help="re-check and shrink this program file instead")
 
 
@@ -104,7 +106,7 @@ def _campaign(pool: WorkerPool, args: argparse.Namespace, size: str) -> int:
 
     def jobs():
         for seed in range(args.seed, args.seed + args.count):
-            program = generate_program(seed, args.device, size, args.grow)
+            program = generate_program(seed, args.device, size, args.grow, args.grad)
             tags[seed] = program.tags
             yield seed, program.source
 
@@ -165,7 +167,7 @@ def _shrunk(pool: WorkerPool, source: str, key: str, budget: int, deadline: floa
 
 def _write(pool: WorkerPool, args: argparse.Namespace, seed: int, key: str, verdict: Verdict,
            deadline: float) -> str:
-    source = generate_program(seed, args.device, _size(args), args.grow).source
+    source = generate_program(seed, args.device, _size(args), args.grow, args.grad).source
     small = _shrunk(pool, source, key, args.shrink_budget, deadline)
     final = pool.check(small)
     verdict = final if not final.ok else verdict

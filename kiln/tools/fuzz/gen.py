@@ -5,7 +5,8 @@ call), `make_globals(device)` (the nn modules it calls, seeded) and `fn(x0, x1, 
 function under test. The same seed, device and size always give the same text. With `grow`,
 the module also sets `GROWTH = (0, 1, 2)`: the oracle checks it again with every input dim of 2
 or more grown by 1 and by 2 (dynamic shapes; `inputs.grown`), and `fn` may take Python number
-arguments that change with the growth (`numbers.py`).
+arguments that change with the growth (`numbers.py`). With `grad`, `GRADS = True`: float inputs
+require grad and the oracle compares gradients too (`grads.py`).
 """
 from __future__ import annotations
 
@@ -59,9 +60,10 @@ def _returns(b: Builder) -> str:
 
 
 def generate_program(seed: int, device: str = "cpu", size: str = "small",
-                     grow: bool = False) -> Program:
-    """The program of `seed`: deterministic for (seed, device, size); `grow` adds the
-    dynamic-shape sizes (the body and inputs are the same with and without it)."""
+                     grow: bool = False, grad: bool = False) -> Program:
+    """The program of `seed`: deterministic for (seed, device, size, grow); `grow` adds the
+    dynamic-shape sizes and number arguments, `grad` the gradient check (`GRADS = True`; the
+    program is the same with and without it)."""
     rng = random.Random(f"{seed}/{device}/{size}")
     max_dim, (low, high) = SIZES[size]
     b = Builder(rng, device, max_dim)
@@ -80,13 +82,15 @@ def generate_program(seed: int, device: str = "cpu", size: str = "small",
             done += 1
     params = ", ".join([v.name for v in b.vars if v.is_input] + [n for n, _ in b.numbers])
     helpers = [line for helper in b.helpers for line in helper + ["", ""]]
-    source = render(seed, specs, b.globals, helpers, params, b.lines + [_returns(b)], grow)
-    return Program(seed, source, tuple(sorted(set(b.tags + ["grow"] * grow))))
+    flags = ["GROWTH = (0, 1, 2)"] * grow + ["GRADS = True"] * grad
+    source = render(seed, specs, b.globals, helpers, params, b.lines + [_returns(b)], flags)
+    return Program(seed, source, tuple(sorted(set(b.tags + ["grow"] * grow + ["grad"] * grad))))
 
 
 def render(seed: int, specs: list[str], globals_: list[str], helpers: list[str], params: str,
-           body: list[str], grow: bool = False) -> str:
-    """The program's module source."""
+           body: list[str], flags: list[str] = ()) -> str:
+    """The program's module source; `flags` are module-level lines the oracle reads
+    (`GROWTH = ...`, `GRADS = True`)."""
     setup = ["    global " + ", ".join(g.split(" = ")[0] for g in globals_)] if globals_ else []
     # The module is built on the CPU under the seed, then moved: same weights on every device.
     setup += [f"    {g}" for g in globals_]
@@ -95,7 +99,7 @@ def render(seed: int, specs: list[str], globals_: list[str], helpers: list[str],
         f"# kiln fuzz program, seed {seed}",
         "import io", "", "import torch", "import torch.nn.functional as F", "",
         "from kiln.tools.fuzz.inputs import make_number, make_tensor", "", "_sink = io.StringIO()",
-        *(["GROWTH = (0, 1, 2)"] if grow else []), "", "",
+        *flags, "", "",
         "def make_inputs(device):", f"    g = torch.Generator().manual_seed({seed})",
         "    return [", *specs, "    ]", "", "",
         "def make_globals(device):", f"    torch.manual_seed({seed})", *setup,

@@ -12,6 +12,7 @@ after its call). The first difference found is the verdict.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import linecache
@@ -22,7 +23,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-from kiln.tools.fuzz.inputs import grown
+from kiln.tools.fuzz.grads import gradients, parameters_of
+from kiln.tools.fuzz.inputs import collecting_leaves, grown
 
 __all__ = ["Verdict", "check_source", "load_program"]
 
@@ -61,13 +63,21 @@ def load_program(source: str, name: str = "kiln_fuzz_program") -> types.ModuleTy
     return module
 
 
-def _run(fn, module: types.ModuleType, device: str) -> tuple[Any, list[torch.Tensor]]:
-    inputs = module.make_inputs(device)
+def _run(fn, module: types.ModuleType, device: str,
+         grads: bool = False) -> tuple[Any, list[torch.Tensor], list[torch.Tensor]]:
+    """(outputs or the exception, the inputs after the call, the input leaves that require
+    grad: none unless `grads`)."""
+    with collecting_leaves() if grads else contextlib.nullcontext([]) as leaves:
+        inputs = module.make_inputs(device)
     try:
         out = fn(*inputs)
     except Exception as exc:  # the program's own exception is a result, compared below
-        return exc, inputs
-    return (list(out) if isinstance(out, (tuple, list)) else [out]), inputs
+        return exc, inputs, leaves
+    return (list(out) if isinstance(out, (tuple, list)) else [out]), inputs, leaves
+
+
+def _gradients(outputs: Any, leaves: list[torch.Tensor], params: list) -> Any:
+    return None if isinstance(outputs, Exception) else gradients(outputs, leaves + params)
 
 
 class _Counter(logging.Handler):
@@ -96,24 +106,32 @@ def check_source(source: str, backend: str, device: str = "cpu", calls: int = 2)
 
     A program whose module sets `GROWTH = (0, 1, 2)` (the generator's `--grow`) is checked at
     each growth in turn, `calls` kiln calls each, under one compiled function: the later sizes
-    hit kiln's recompile into dynamic shapes, then that dynamic graph at a new size."""
+    hit kiln's recompile into dynamic shapes, then that dynamic graph at a new size. One that
+    sets `GRADS = True` (`--grad`) takes its float inputs requiring grad and is also compared
+    by its gradients (`grads.py`)."""
     from kiln import api
     api.reset()
     module = load_program(source)
     module.make_globals(device)
     growths = tuple(getattr(module, "GROWTH", (0,)))
+    grads = bool(getattr(module, "GRADS", False))
+    params = parameters_of(module) if grads else []
     counter = _Counter()
     logging.getLogger("kiln").addHandler(counter)
     try:
         compiled = None
         for growth in growths:
             with grown(growth):
-                expected, eager_inputs = _run(module.fn, module, device)
+                expected, eager_inputs, leaves = _run(module.fn, module, device, grads)
+            eager_grads = _gradients(expected, leaves, params) if grads else None
             compiled = compiled or api.compile(module.fn, backend=backend)
             for call in range(calls):
                 with grown(growth):
-                    got, kiln_inputs = _run(compiled, module, device)
-                _compare(expected, eager_inputs, got, kiln_inputs, _Case(source, device, growth))
+                    got, kiln_inputs, leaves = _run(compiled, module, device, grads)
+                case = _Case(source, device, growth)
+                _compare(expected, eager_inputs, got, kiln_inputs, case)
+                if grads:
+                    _compare_grads(eager_grads, _gradients(got, leaves, params), case)
     except _Mismatch as exc:
         detail = exc.detail if growths == (0,) else f"{exc.detail} (inputs grown by {growth})"
         return Verdict(exc.failure, detail, counter.count, _poisoned(device))
@@ -166,6 +184,43 @@ def _compare_raises(expected, got) -> None:
                         f"eager {_first_line(expected)}; kiln {_first_line(got)}")
 
 
+def _compare_grads(expected, got, case: _Case) -> None:
+    """Eager's and kiln's gradients (`grads.gradients`): the same leaves reached (None where
+    nothing depends on one: a zero tensor instead is a different `.grad`), then values as
+    outputs are, against the fp64 run's gradients."""
+    if expected is None or got is None:
+        if (expected is None) != (got is None):
+            raise _Mismatch("mismatch:grad", "the outputs require grad in "
+                            f"{'kiln' if expected is None else 'eager'} only")
+        return
+    if _stale_saved_value(expected) and not isinstance(got, Exception):
+        return  # eager's autograd refuses what the functional graph computes (as torch.compile)
+    if isinstance(expected, Exception) or isinstance(got, Exception):
+        try:
+            _compare_raises(expected, got)
+        except _Mismatch as exc:
+            raise _Mismatch(f"grad:{exc.failure}", exc.detail) from None
+        return
+    for j, (e, k) in enumerate(zip(expected, got)):
+        if (e is None) != (k is None):
+            raise _Mismatch("mismatch:grad", f"gradient {j}: {'None' if e is None else 'a tensor'}"
+                            f" in eager, {'None' if k is None else 'a tensor'} in kiln")
+        if e is not None:
+            try:
+                _compare_value(f"gradient {j}", e, k, case, ("grad", j))
+            except _Mismatch as exc:
+                raise _Mismatch(f"mismatch:grad:{exc.failure.split(':', 1)[1]}",
+                                exc.detail) from None
+
+
+def _stale_saved_value(result: Any) -> bool:
+    """Eager's backward raised because the program wrote in place into a value its backward
+    saved (`t = x.sigmoid(); t.mul_(2)`: "modified by an inplace operation"). kiln's graph is
+    functional: the backward reads the saved value, as torch.compile's does, so kiln computes
+    a gradient there instead of raising; not compared (seed 3500164)."""
+    return isinstance(result, RuntimeError) and "modified by an inplace operation" in str(result)
+
+
 def _compare_value(what: str, e, k, case: _Case, which: tuple[str, int]) -> None:
     if not isinstance(e, torch.Tensor) or not isinstance(k, torch.Tensor):
         if type(e) is not type(k) or e != k:
@@ -204,7 +259,7 @@ def _near_reference(case: _Case, which: tuple[str, int], e64, k64, atol: float,
     if run is None:  # no reference for this program: the mismatch stands
         return False
     kind, index = which
-    values = run[0] if kind == "output" else run[1]
+    values = run[{"output": 0, "input": 1, "grad": 2}[kind]]
     ref = values[index] if index < len(values) else None
     if ref is None or ref.shape != e64.shape:
         return False
@@ -270,6 +325,8 @@ def _decided_by_rounding(case: _Case, which: tuple[str, int], e64, k64) -> bool:
     diff = float((k64 - e64).abs().nan_to_num(float("inf")).max())
     scale = float(e64.abs().nan_to_num(0.0).max()) + 1.0
     for outputs, inputs, nudge in runs:
+        if kind == "grad":  # the nudged runs take no gradients
+            return False
         values = outputs if kind == "output" else inputs
         moved = values[index] if index < len(values) else None
         if moved is None or moved.shape != e64.shape:
@@ -360,11 +417,11 @@ def _nudged_runs(case: _Case) -> list[tuple[list, list, float]]:
 
 
 @functools.lru_cache(maxsize=2)
-def _reference_run(case: _Case) -> tuple[list, list] | None:
+def _reference_run(case: _Case) -> tuple[list, list, list] | None:
     """The program run in float64 (float inputs, module parameters and every float dtype it
-    names): its outputs and its inputs after the call, as CPU float64 tensors (None for a
-    non-tensor value), or None when it raises. Run once per program (both kiln calls compare
-    against it)."""
+    names): its outputs, its inputs after the call and (a `GRADS` program) the gradients
+    `grads.gradients` takes, as CPU float64 tensors (None for a non-tensor value), or None
+    when it raises. Run once per program (both kiln calls compare against it)."""
     try:
         module = load_program(case.source, "kiln_fuzz_reference")
         module.make_globals(case.device)
@@ -373,14 +430,21 @@ def _reference_run(case: _Case) -> tuple[list, list] | None:
                 value.double()
         with grown(case.growth):
             made = module.make_inputs(case.device)
-        inputs = [t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t
-                  for t in made]
+        wants_grad = bool(getattr(module, "GRADS", False))
+        leaves = [t.double().requires_grad_() for t in made
+                  if wants_grad and isinstance(t, torch.Tensor) and t.is_floating_point()]
+        floats = iter(leaves)
+        inputs = [(next(floats) * 1 if wants_grad else t.double())
+                  if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in made]
         with _Float64Everywhere():
             out = module.fn(*inputs)
+        out = list(out) if isinstance(out, (tuple, list)) else [out]
+        grads = gradients(out, leaves + parameters_of(module), torch.float64) \
+            if wants_grad else None
     except Exception:
         return None
-    out = list(out) if isinstance(out, (tuple, list)) else [out]
-    return [_as_ref(o) for o in out], [_as_ref(t) for t in inputs]
+    grads = grads if isinstance(grads, list) else []
+    return [_as_ref(o) for o in out], [_as_ref(t) for t in inputs], [_as_ref(g) for g in grads]
 
 
 def _as_ref(value: Any) -> torch.Tensor | None:
