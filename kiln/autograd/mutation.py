@@ -138,7 +138,7 @@ class StandIns:
         for i, primal in enumerate(self.primals):
             if training and isinstance(primal, torch.Tensor) and primal.requires_grad and \
                     not self._reals_leaf[i]:
-                clone = primal.clone()
+                clone = _layout_keeping_clone(primal)
                 self.tensors[i] = clone
                 self.cloned[i] = tracer.to_nodes(clone)
                 self._first_grad_fn[i] = clone.grad_fn
@@ -164,6 +164,18 @@ class StandIns:
             if i not in written:
                 node.replace_all_uses_with(placeholders[i])
                 node.graph.erase_node(node)
+
+
+def _layout_keeping_clone(t: torch.Tensor) -> torch.Tensor:
+    """A clone with `t`'s sizes and strides: `clone()` keeps a dense layout, and a strided one
+    with gaps (`x[:, ::2]`) is allocated as it is and copied into, so an output that views the
+    written input is placed at the input's own strides (fuzz --grad: such graphs ran eagerly).
+    An overlapping layout (an expand) keeps `clone()`'s dense one: eager cannot write it."""
+    clone = t.clone()
+    kept = all(_compat.known_equal(a, b) for a, b in zip(clone.stride(), t.stride()))
+    if kept or any(_compat.known_equal(stride, 0) for stride in t.stride()):
+        return clone
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t)
 
 
 class MutationWatch:
