@@ -363,9 +363,14 @@ class TrainingVariant(Variant):
     def forward(self, ctx: Any, views: list, args: tuple) -> tuple:
         results = tuple(self.fw(*args))
         outs, saved = results[:self.num_fw], results[self.num_fw:]
-        mutated = {id(args[i]) for i in self.joint.mutated_inputs}
-        saved = tuple(s.clone() if isinstance(s, torch.Tensor) and id(s) in mutated else s
-                      for s in saved)  # the epilogue overwrites mutated inputs
+        # the epilogue overwrites mutated inputs: what the backward reads of one is cloned, also
+        # where the compiled forward hands it back as a view (the kiln wrapper's as_strided of
+        # an input, made here under no_grad: unpacking it after the epilogue's write raised
+        # "a view was created in no_grad mode ...", fuzz --grad seed 3600659)
+        mutated = {_compat.storage_key(args[i]) for i in self.joint.mutated_inputs
+                   if isinstance(args[i], torch.Tensor)}
+        saved = tuple(s.clone() if isinstance(s, torch.Tensor) and
+                      _compat.storage_key(s) in mutated else s for s in saved)
         ctx.tangent_specs = self._tangent_specs(args)
         # A saved graph input is held as it is, with its version: the program may write it in
         # place later, and only a backward that reads it must refuse then, as eager's own

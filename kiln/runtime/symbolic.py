@@ -42,21 +42,28 @@ def size_param(i: int) -> str:
     return f"_size{i}"
 
 
-def size_sources(graph: IRGraph) -> dict[str, tuple[str, int | None]]:
-    """Each size symbol → (input name, dim) whose size it is; dim None: the input is the size
-    itself (an int input, `IRGraph.size_inputs`)."""
-    sources: dict[str, tuple[str, int | None]] = {}
+def size_sources(graph: IRGraph) -> dict[str, str]:
+    """Each size symbol → the wrapper expression that reads it at a call: the first input dim
+    that is exactly that symbol (`x.shape[0]`), or an int input (`IRGraph.size_inputs`) that is
+    it (`_size1`) or an affine function of it (`2*s0 - 1`, a number the forward computed from
+    an int argument and saved for the backward: `(_size0 - -1)//2`)."""
+    sources: dict[str, str] = {}
     for buf in graph.inputs:
         if buf is None:
             continue
         for d, size in enumerate(buf.layout.size):
             name = _plain_symbol(size)
             if name is not None:
-                sources.setdefault(name, (buf.name, d))
+                sources.setdefault(name, f"{buf.name}.shape[{d}]")
     for i, size in graph.size_inputs.items():
         name = _plain_symbol(size)
         if name is not None:
-            sources.setdefault(name, (size_param(i), None))
+            sources.setdefault(name, size_param(i))
+    for i, size in graph.size_inputs.items():
+        solved = _affine_symbol(size)
+        if solved is not None and solved[0] not in sources:
+            name, coef, const = solved
+            sources[name] = f"({size_param(i)} - {const})//{coef}"
     return sources
 
 
@@ -72,6 +79,15 @@ def _plain_symbol(size: Any) -> str | None:
         (atom, coef), = size.terms
         if coef == 1 and size_names(size) == {str(atom)}:
             return str(atom)
+    return None
+
+
+def _affine_symbol(size: Any) -> tuple[str, int, int] | None:
+    """(symbol, coef, const) where `size` is `coef*symbol + const`, else None."""
+    if isinstance(size, Expr) and len(size.terms) == 1:
+        (atom, coef), = size.terms
+        if coef != 0 and size_names(size) == {str(atom)}:
+            return str(atom), coef, size.const
     return None
 
 
@@ -95,11 +111,13 @@ def symbolic_prologue(graph: IRGraph) -> list[str]:
                 needed |= size_names(value)
         else:
             needed |= _names_in(view)
+    for size in graph.size_inputs.values():  # kernels take these as scalars (`x * (2*n - 1)`)
+        needed |= size_names(size)
     missing = needed - set(sources)
     if missing:
         raise SymbolicWrapperError(f"no input dim gives the size(s) {sorted(missing)}")
-    lines = [f"{name} = {src}.shape[{d}]" if d is not None else f"{name} = {src}"
-             for name, (src, d) in sorted(sources.items(), key=lambda kv: (len(kv[0]), kv[0]))]
+    lines = [f"{name} = {src}"
+             for name, src in sorted(sources.items(), key=lambda kv: (len(kv[0]), kv[0]))]
     if extents:
         lines.append(f"check_extents({', '.join(dict.fromkeys(extents))})")
     return lines

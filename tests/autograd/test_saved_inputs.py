@@ -53,3 +53,26 @@ def test_a_value_no_output_depends_on_does_not_run_its_history_backward(backend)
         want_grads = torch.autograd.grad(want.sum(), wrt, allow_unused=True)
         assert [g is None for g in got_grads] == [g is None for g in want_grads]
         torch.testing.assert_close(got_grads[0], want_grads[0])
+
+
+def _write_a_row(x, unused, number):
+    x[0] = 1
+    return (x,)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "kiln"])
+def test_a_written_input_the_backward_reads_sizes_from_is_saved_as_a_copy(backend):
+    """Fuzz --grad seed 3600659: the symbolic backward reads the written input's size, the kiln
+    wrapper hands the input back as an as_strided view made under no_grad, and the epilogue's
+    write into the input then made unpacking it raise "a view was created in no_grad mode"."""
+    compiled = kiln.compile(_write_a_row, backend=backend)
+    for n, number in ((2, -2), (3, -4), (4, -6), (5, -8)):
+        leaf = torch.randn(1, n, dtype=torch.bfloat16, requires_grad=True)
+        other = torch.randn(1, 1, requires_grad=True)
+        got = compiled(leaf * 1, other * 1, number)[0]
+        want = _write_a_row(leaf * 1, other * 1, number)[0]
+        torch.testing.assert_close(got, want)
+        weight = torch.randn(1, n)
+        (got_grad,) = torch.autograd.grad((got.float() * weight).sum(), leaf)
+        (want_grad,) = torch.autograd.grad((want.float() * weight).sum(), leaf)
+        torch.testing.assert_close(got_grad, want_grad)

@@ -699,3 +699,21 @@ def test_a_symbolic_size_pinned_to_one_is_broadcast(device, fn):
         got, want = compiled(x), fn(x_ref)
         torch.testing.assert_close(got, want)
         torch.testing.assert_close(x, x_ref)
+
+
+def _scaled_by_an_int(x, n):
+    return x * (2 * n - 1)  # the backward takes 2*n - 1, no tensor's size
+
+
+def test_an_int_arguments_expression_reaches_the_backward_kernels(device):
+    """Fuzz --grad seed 3600249: the backward takes the saved number `2*s0 - 1`, and its wrapper
+    had no input dim to read `s0` from (NameError in the generated code); it is solved from
+    the number itself now."""
+    import kiln
+
+    compiled = kiln.compile(_scaled_by_an_int)
+    for n in (5, 8, 11, 3):
+        leaf = torch.randn(3, device=device, requires_grad=True)
+        got = compiled(leaf * 1, n)
+        (grad,) = torch.autograd.grad(got.sum(), leaf)
+        torch.testing.assert_close(grad, torch.full_like(leaf, 2 * n - 1.0))
