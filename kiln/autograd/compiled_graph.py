@@ -41,7 +41,7 @@ import torch.fx
 
 from kiln.autograd import _compat
 from kiln.autograd.epilogue import Epilogue
-from kiln.autograd.mutation import is_leaf_write
+from kiln.autograd.mutation import is_leaf_write, layout_keeping_clone
 from kiln.autograd.joint import AutogradUnsupported, JointGraph, TensorSpec
 from kiln.autograd.size_variants import PerSizeVariants, SymbolicVariant, unwrap_variants
 from kiln.autograd.symbolic import (SizeConditions, SizeFunction, has_unbacked_sizes,
@@ -369,7 +369,7 @@ class TrainingVariant(Variant):
         # "a view was created in no_grad mode ...", fuzz --grad seed 3600659)
         mutated = {_compat.storage_key(args[i]) for i in self.joint.mutated_inputs
                    if isinstance(args[i], torch.Tensor)}
-        saved = tuple(s.clone() if isinstance(s, torch.Tensor) and
+        saved = tuple(layout_keeping_clone(s) if isinstance(s, torch.Tensor) and
                       _compat.storage_key(s) in mutated else s for s in saved)
         ctx.tangent_specs = self._tangent_specs(args)
         # A saved graph input is held as it is, with its version: the program may write it in

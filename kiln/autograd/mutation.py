@@ -35,7 +35,7 @@ import torch.fx
 from kiln.autograd import _compat
 
 __all__ = ["MutationWatch", "StandIns", "SyntheticBase", "alias_groups", "is_leaf_write",
-           "mutated_arg_positions"]
+           "layout_keeping_clone", "mutated_arg_positions"]
 
 _write_args_cache: dict[Any, tuple[int, ...]] = {}
 
@@ -138,7 +138,7 @@ class StandIns:
         for i, primal in enumerate(self.primals):
             if training and isinstance(primal, torch.Tensor) and primal.requires_grad and \
                     not self._reals_leaf[i]:
-                clone = _layout_keeping_clone(primal)
+                clone = layout_keeping_clone(primal)
                 self.tensors[i] = clone
                 self.cloned[i] = tracer.to_nodes(clone)
                 self._first_grad_fn[i] = clone.grad_fn
@@ -166,11 +166,14 @@ class StandIns:
                 node.graph.erase_node(node)
 
 
-def _layout_keeping_clone(t: torch.Tensor) -> torch.Tensor:
+def layout_keeping_clone(t: torch.Tensor) -> torch.Tensor:
     """A clone with `t`'s sizes and strides: `clone()` keeps a dense layout, and a strided one
-    with gaps (`x[:, ::2]`) is allocated as it is and copied into, so an output that views the
-    written input is placed at the input's own strides (fuzz --grad: such graphs ran eagerly).
-    An overlapping layout (an expand) keeps `clone()`'s dense one: eager cannot write it."""
+    with gaps (`x[:, ::2]`) is allocated as it is and copied into. The trace's stand-in for a
+    written input is one, so an output that views the input is placed at the input's own
+    strides (fuzz --grad: such graphs ran eagerly); so is the forward's saved copy of a
+    written input, which the backward was compiled to read at the input's strides (seed
+    3602079: a dense copy of `x[..., ::2]` read at stride 2, past its end). An overlapping
+    layout (an expand) keeps `clone()`'s dense one: eager cannot write it."""
     clone = t.clone()
     kept = all(_compat.known_equal(a, b) for a, b in zip(clone.stride(), t.stride()))
     if kept or any(_compat.known_equal(stride, 0) for stride in t.stride()):

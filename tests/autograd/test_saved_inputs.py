@@ -76,3 +76,25 @@ def test_a_written_input_the_backward_reads_sizes_from_is_saved_as_a_copy(backen
         (got_grad,) = torch.autograd.grad((got.float() * weight).sum(), leaf)
         (want_grad,) = torch.autograd.grad((want.float() * weight).sum(), leaf)
         torch.testing.assert_close(got_grad, want_grad)
+
+
+def _scale_then_variance(x):
+    x.mul_(0.5)
+    return x.var(dim=0, correction=0)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "kiln"])
+def test_the_saved_copy_of_a_written_strided_input_keeps_its_strides(backend):
+    """Fuzz --grad seed 3602079: the forward saves a copy of a written input for the backward,
+    which was compiled for the input's strides; `clone()` of `x[:, ::2]` is dense, so the
+    backward read it at stride 2, past its end (garbage gradients on the CPU, a fault on
+    CUDA)."""
+    compiled = kiln.compile(_scale_then_variance, backend=backend)
+    for n in (2, 3, 4, 3):
+        leaf = torch.randn(n, 2, requires_grad=True)
+        got = compiled((leaf * 1)[:, ::2])
+        want = _scale_then_variance((leaf * 1)[:, ::2])
+        torch.testing.assert_close(got, want)
+        (got_grad,) = torch.autograd.grad(got.sum(), leaf)
+        (want_grad,) = torch.autograd.grad(want.sum(), leaf)
+        torch.testing.assert_close(got_grad, want_grad)
