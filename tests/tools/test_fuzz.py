@@ -409,3 +409,22 @@ def test_known_findings_still_fail(path):
 def test_fixed_findings_pass(path):
     """Each fixed finding's reproducer passes the oracle now (a regression test per class)."""
     _check_reproducer(path)
+
+
+def test_smoke_campaign_with_growth_and_gradients():
+    """`--grow --grad` programs (dynamic shapes, number arguments, gradients) through aot_eager
+    and, fewer, the kiln backend's generated kernels."""
+    failures = []
+    for seed in range(SMOKE_SEED, SMOKE_SEED + SMOKE_COUNT // 2):
+        source = generate_program(seed, grow=True, grad=True).source
+        verdict = check_source(source, "aot_eager")
+        if not verdict.ok:
+            failures.append(f"seed {seed} (aot_eager): {verdict.failure}: {verdict.detail}")
+    device = _generated_kernels_device()
+    with config.patch(cpu_codegen="triton_interpret"):
+        for seed in range(INTERPRET_SEED, INTERPRET_SEED + 6):
+            source = generate_program(seed, size="tiny", grow=True, grad=True).source
+            verdict = check_source(source, "kiln", device)
+            if not verdict.ok:
+                failures.append(f"seed {seed} (kiln): {verdict.failure}: {verdict.detail}")
+    assert not failures, "\n".join(failures)
