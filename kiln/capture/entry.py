@@ -15,7 +15,7 @@ from kiln.capture.breaks import (CONTEXT_FACTORIES, STACK_PREFIX, ResumeLayout, 
 from kiln.capture.guard_cse import share_reads
 from kiln.capture.guards import Guard
 from kiln.capture.handlers_calls import WithExitVT, call_operands
-from kiln.capture.sources import NumberTensor, attr_expr
+from kiln.capture.sources import Local, NumberTensor, Source, attr_expr
 from kiln.capture.unsupported import unsupported
 from kiln.capture.variables.base import (VT, ConstantVT, DeletedVT, LazyVT, NotConstant,
                                          NullVT)
@@ -92,13 +92,28 @@ class _Rebuilder:
         self._made: dict[int, str] = {}  # objects created again at a break, by tracker id
         self.prelude: list[str] = []  # statements creating them, run right after the graph
         self._out_index: dict[torch.fx.Node, int] = {}
+        self._reads: dict[Source, str] = {}  # sources read into locals before the side effects
+
+    def _read(self, source: Source) -> str:
+        """`source`'s value as the traced code read it. Side effects replay after the graph call
+        and may rebind where a value came from (`t = self.buf; self.buf = x * 2; return t`
+        returns the old buffer; `self.a, self.b = self.b, self.a` swaps): such a source is read
+        into a local right after the call, before the effects. Frame arguments cannot be
+        rebound by them, and without side effects nothing can."""
+        if not self.output.side_effects or isinstance(source, Local):
+            return source.expr()
+        name = self._reads.get(source)
+        if name is None:
+            name = self._reads[source] = f"__read{len(self._reads)}"
+            self.prelude.insert(len(self._reads) - 1, f"{name} = {source.expr()}")
+        return name
 
     def expr(self, vt: VT) -> str:
         if isinstance(vt, LazyVT):
-            return vt.source.expr()
+            return self._read(vt.source)
         if isinstance(vt, TensorNumberVT):  # a Python number again
-            numbers = {node: source.base.expr() for node, source in self.input_source.items()
-                       if isinstance(source, NumberTensor)}
+            numbers = {node: self._read(source.base) for node, source in self.input_source.items()
+                       if isinstance(source, NumberTensor) and node in _ancestors(vt.node)}
             host = host_expression(vt.node, numbers, self.consts.literal_or_ref)
             return host if host is not None else f"{self._node(vt.node)}.item()"
         if isinstance(vt, (TensorVT, SymScalarVT)):
@@ -113,11 +128,11 @@ class _Rebuilder:
             return self._tuple(vt)
         if isinstance(vt, ListVT):
             if vt.source is not None:
-                return vt.source.expr()
+                return self._read(vt.source)
             return "[" + ", ".join(self.expr(i) for i in vt.items) + "]"
         if isinstance(vt, DictVT):
             if vt.source is not None:
-                return vt.source.expr()
+                return self._read(vt.source)
             return self._dict_literal(vt)
         if isinstance(vt, BoundMethodVT):
             return f"{self.expr(vt.fn)}.__get__({self.expr(vt.self_vt)})"
@@ -139,7 +154,7 @@ class _Rebuilder:
                            TorchFunctionVT, BuiltinVT, SpecialVT, OpaqueCallableVT)) or \
                 vt.is_constant():
             if vt.source is not None:
-                return vt.source.expr()
+                return self._read(vt.source)
             return self.consts.ref(vt.as_constant())
         unsupported("output-value", f"returning or storing {vt.describe()} out of a compiled "
                     "region is not supported yet",
@@ -193,7 +208,7 @@ class _Rebuilder:
 
     def _node(self, node: torch.fx.Node) -> str:
         if node in self.input_source:  # an input returned as is keeps its identity
-            return self.input_source[node].expr()
+            return self._read(self.input_source[node])
         if node not in self._out_index:
             self._out_index[node] = len(self.outputs)
             self.outputs.append(node)
@@ -251,6 +266,16 @@ class _Rebuilder:
         if box.value is None:  # `del` (DELETE_DEREF): the cell may have been empty already
             return [f"{target} = None", f"del {target}"]
         return [f"{target} = {self.expr(box.value)}"]
+
+
+def _ancestors(node: torch.fx.Node) -> set[torch.fx.Node]:
+    found, todo = set(), [node]
+    while todo:
+        n = todo.pop()
+        if n not in found:
+            found.add(n)
+            todo.extend(n.all_input_nodes)
+    return found
 
 
 def build_entry_code(output: OutputGraph, result: VT) -> EntryCode:

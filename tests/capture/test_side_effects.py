@@ -75,6 +75,32 @@ def test_plain_object_attribute_writes(counting_backend):
     assert counting_backend.count >= 1
 
 
+class _Holder:
+    def __init__(self):
+        self.buf, self.other, self.scale = torch.ones(3), torch.zeros(3), 0.5
+
+
+def test_a_value_read_before_its_attribute_is_rebound_is_the_old_one(counting_backend):
+    """The entry replays side effects after the graph call, then builds the return value; an
+    attribute read before the program rebound it must give the old object (and a swap must
+    swap), not what the replayed write put there. Floats that change make the number path
+    (`s`, `s * 3`: rebuilt by Python from `self.scale`) read it too."""
+    def fn(x, obj, k):
+        old, s = obj.buf, obj.scale
+        obj.buf = x * 2
+        obj.other, obj.buf2 = obj.buf, obj.other  # the new buf, and the old other
+        obj.scale = k
+        return old, x * s, s, s * 3
+
+    obj, ref = _Holder(), _Holder()
+    c = kiln.compile(fn, backend=counting_backend)
+    for k in (1.5, 2.5, 3.5, 4.5):
+        x = torch.randn(3)
+        assert_same(fn(x, ref, k), c(x, obj, k))
+        for name in ("buf", "other", "buf2", "scale"):
+            assert_same(getattr(ref, name), getattr(obj, name))
+
+
 # --- list and dict mutation ---------------------------------------------------------------------
 
 def test_list_and_dict_arguments_mutated(counting_backend):
