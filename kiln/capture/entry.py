@@ -108,13 +108,16 @@ class _Rebuilder:
             self.prelude.insert(len(self._reads) - 1, f"{name} = {source.expr()}")
         return name
 
+    def _number_input(self, node: torch.fx.Node) -> str | None:
+        """The Python number a number input's placeholder was made from, None for another."""
+        source = self.input_source.get(node)
+        return self._read(source.base) if isinstance(source, NumberTensor) else None
+
     def expr(self, vt: VT) -> str:
         if isinstance(vt, LazyVT):
             return self._read(vt.source)
         if isinstance(vt, TensorNumberVT):  # a Python number again
-            numbers = {node: self._read(source.base) for node, source in self.input_source.items()
-                       if isinstance(source, NumberTensor) and node in _ancestors(vt.node)}
-            host = host_expression(vt.node, numbers, self.consts.literal_or_ref)
+            host = host_expression(vt.node, self._number_input, self.consts.literal_or_ref)
             return host if host is not None else f"{self._node(vt.node)}.item()"
         if isinstance(vt, (TensorVT, SymScalarVT)):
             return self._node(vt.node)
@@ -266,16 +269,6 @@ class _Rebuilder:
         if box.value is None:  # `del` (DELETE_DEREF): the cell may have been empty already
             return [f"{target} = None", f"del {target}"]
         return [f"{target} = {self.expr(box.value)}"]
-
-
-def _ancestors(node: torch.fx.Node) -> set[torch.fx.Node]:
-    found, todo = set(), [node]
-    while todo:
-        n = todo.pop()
-        if n not in found:
-            found.add(n)
-            todo.extend(n.all_input_nodes)
-    return found
 
 
 def build_entry_code(output: OutputGraph, result: VT) -> EntryCode:

@@ -333,16 +333,17 @@ def number_as_tensor(tx: Translator, number: TensorNumberVT, dtype: torch.dtype,
 _HOST_FORM = {torch.sqrt: math.sqrt}
 
 
-def host_expression(node: torch.fx.Node, inputs: dict[torch.fx.Node, str],
+def host_expression(node: torch.fx.Node, number_input: Callable[[torch.fx.Node], str | None],
                     ref: Callable[[Any], str]) -> str | None:
     """Python source computing a number's value from the numbers the frame holds, where its node
-    is arithmetic over number inputs and constants only (`inputs`: placeholder -> the number's
-    expression; `ref` binds an object): a number leaving the graph then costs no kernel
-    launch and no device sync. None where a size of a tensor takes part (`.item()` then)."""
-    if node in inputs:
-        return inputs[node]
+    is arithmetic over number inputs and constants only (`number_input(placeholder)`: the
+    number's expression, None for another input; `ref` binds an object): a number leaving the
+    graph then costs no kernel launch and no device sync. None where a size of a tensor takes
+    part (`.item()` then)."""
+    if node.op == "placeholder":
+        return number_input(node)
     if node.op == "call_method" and node.target == "to":
-        inner = host_expression(node.args[0], inputs, ref)
+        inner = host_expression(node.args[0], number_input, ref)
         cast = {torch.float64: "float", torch.int64: "int"}.get(node.args[1] if len(node.args)
                                                                  > 1 else None)
         return None if inner is None or cast is None else f"{cast}({inner})"
@@ -352,7 +353,7 @@ def host_expression(node: torch.fx.Node, inputs: dict[torch.fx.Node, str],
     parts = []
     for arg in node.args:
         if isinstance(arg, torch.fx.Node):
-            part = host_expression(arg, inputs, ref)
+            part = host_expression(arg, number_input, ref)
             if part is None:
                 return None
             parts.append(part)
