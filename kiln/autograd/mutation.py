@@ -138,7 +138,10 @@ class StandIns:
         for i, primal in enumerate(self.primals):
             if training and isinstance(primal, torch.Tensor) and primal.requires_grad and \
                     not self._reals_leaf[i]:
-                clone = layout_keeping_clone(primal)
+                # dense, not `layout_keeping_clone`: the kiln backend's saved stand-in of a
+                # gapped layout came out dense while its backward read it at the gaps' strides
+                # (fuzz --grad seed 3701256); a view of such an input is refused instead
+                clone = primal.clone()
                 self.tensors[i] = clone
                 self.cloned[i] = tracer.to_nodes(clone)
                 self._first_grad_fn[i] = clone.grad_fn
@@ -167,13 +170,12 @@ class StandIns:
 
 
 def layout_keeping_clone(t: torch.Tensor) -> torch.Tensor:
-    """A clone with `t`'s sizes and strides: `clone()` keeps a dense layout, and a strided one
-    with gaps (`x[:, ::2]`) is allocated as it is and copied into. The trace's stand-in for a
-    written input is one, so an output that views the input is placed at the input's own
-    strides (fuzz --grad: such graphs ran eagerly); so is the forward's saved copy of a
-    written input, which the backward was compiled to read at the input's strides (seed
-    3602079: a dense copy of `x[..., ::2]` read at stride 2, past its end). An overlapping
-    layout (an expand) keeps `clone()`'s dense one: eager cannot write it."""
+    """A clone of a real tensor with `t`'s sizes and strides: `clone()` keeps a dense layout,
+    and a strided one with gaps (`x[:, ::2]`) is allocated as it is and copied into. The
+    forward's saved copy of a written input is one: the backward was compiled to read it at the
+    input's strides (fuzz --grad seed 3602079: a dense copy of `x[..., ::2]` read at stride 2,
+    past its end). An overlapping layout (an expand) keeps `clone()`'s dense one: eager cannot
+    write it."""
     clone = t.clone()
     kept = all(_compat.known_equal(a, b) for a, b in zip(clone.stride(), t.stride()))
     if kept or any(_compat.known_equal(stride, 0) for stride in t.stride()):

@@ -281,18 +281,3 @@ def test_overwritten_saved_tensor_compiles_a_training_graph():
     with pytest.raises(RuntimeError, match=SAVED_TENSOR_WRITTEN):
         out.sum().backward()
 
-
-def write_a_strided_input_and_return_a_view(model, x):
-    y = (x * 1)[:, ::2]  # gaps between its elements: a clone() would be dense
-    kiln.graph_break()  # y reaches the next graph as an input that requires grad
-    y.mul_(2)
-    return y[:, 1:], model(y.t().reshape(-1, 4)).sum()
-
-
-def test_write_into_a_strided_input_returned_as_a_view(backend):
-    """Fuzz --grad (16 of 1,000 programs ran eagerly): the stand-in for a written input that
-    requires grad is a clone, and an output viewing the input is placed by the stand-in's
-    layout; `x[:, ::2]` cloned dense, so the graph was refused. The stand-in now keeps the
-    input's strides, gaps included."""
-    check(write_a_strided_input_and_return_a_view,
-          lambda: [_randn(4, 8, requires_grad=True)], backend)

@@ -98,3 +98,25 @@ def test_the_saved_copy_of_a_written_strided_input_keeps_its_strides(backend):
         (got_grad,) = torch.autograd.grad(got.sum(), leaf)
         (want_grad,) = torch.autograd.grad(want.sum(), leaf)
         torch.testing.assert_close(got_grad, want_grad)
+
+
+def _shift_zero_square(x):
+    t = x - 0.25
+    x[x > 0] = 0
+    return t * t
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "kiln"])
+def test_a_written_strided_input_gets_eagers_gradients(backend):
+    """Fuzz --grad seed 3701256: a trace stand-in laid out like `x[:, ::2]` (gaps) was saved for
+    the backward, which the kiln backend stored dense and read at the gaps' strides (garbage
+    gradients). Stand-ins are dense clones."""
+    compiled = kiln.compile(_shift_zero_square, backend=backend)
+    for n in (3, 3, 4):
+        leaf = torch.randn(n, 6, requires_grad=True)
+        got = compiled((leaf * 1)[:, ::2])
+        want = _shift_zero_square((leaf * 1)[:, ::2])
+        torch.testing.assert_close(got, want)
+        (got_grad,) = torch.autograd.grad(got.sum(), leaf)
+        (want_grad,) = torch.autograd.grad(want.sum(), leaf)
+        torch.testing.assert_close(got_grad, want_grad)
