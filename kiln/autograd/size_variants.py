@@ -4,7 +4,7 @@
   every call whose sizes keep the facts its trace added to the ShapeEnv after capture
   (`SizeConditions`, usually none).
 - `PerSizeVariants`: the fallback, one variant traced for the sizes of a call, keyed by the
-  shapes of the inputs with symbolic sizes (capture's guards fix strides as functions of sizes).
+  shapes and strides of the inputs with symbolic sizes or strides.
   It serves the calls a `SymbolicVariant`'s conditions reject, and every call of a variant
   whose symbolic trace failed (the reason is logged at debug level). Beyond `MAX_SIZES` sizes,
   and for sizes whose compile fails, calls run the captured graph as torch ops, with a warning:
@@ -45,10 +45,12 @@ class PerSizeVariants:
         self.variants: dict[tuple, Variant] = {}
 
     def key(self, args: Sequence[Any]) -> tuple:
-        """The sizes of the tensors at `positions`, and the values of the ints there (an int
-        argument with a symbol: a per-size variant is traced with its value)."""
-        return tuple(tuple(args[i].shape) if isinstance(args[i], torch.Tensor) else args[i]
-                     for i in self.positions)
+        """The sizes and strides of the tensors at `positions`, and the values of the ints
+        there (an int argument with a symbol: a per-size variant is traced with its value).
+        Strides count: a stride can be a symbol of its own (a slice of a growing buffer), and
+        a variant's kernels index its inputs by the strides it was traced with."""
+        return tuple((tuple(args[i].shape), args[i].stride())
+                     if isinstance(args[i], torch.Tensor) else args[i] for i in self.positions)
 
     def __call__(self, args: list) -> Any:
         key = self.key(args)

@@ -45,8 +45,8 @@ def per_size(compile_static: Compile, gm: torch.fx.GraphModule,
 
 
 class SizeCache:
-    """One compiled callable per input sizes (the sizes of the symbolic inputs are the key:
-    capture's guards fix every other size, and the strides as functions of the sizes): the
+    """One compiled callable per input sizes (the sizes and strides of the symbolic inputs are
+    the key: capture's guards fix every other size and stride): the
     autograd stage's `PerSizeVariants` over the backend's `compile_static`, whose bound and
     eager fallback it shares. The first size compiles at construction, so a backend error
     surfaces at capture as for a static graph."""

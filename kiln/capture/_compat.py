@@ -121,15 +121,18 @@ def new_symbolic_fake_mode(dynamic_output_shapes: bool = False,
 
 
 def symbolic_fake(fake_mode: FakeTensorMode, real: torch.Tensor, dynamic_dims: set[int],
-                  name: str) -> FakeTensor:
+                  name: str, dynamic_strides: set[int] = frozenset()) -> FakeTensor:
     """A fake copy of `real` whose `dynamic_dims` are symbols (sizes 0 and 1 stay plain ints:
-    torch specializes them); `name` only labels the symbols in torch's own messages."""
+    torch specializes them) and whose `dynamic_strides` are symbols of their own; `name` only
+    labels the symbols in torch's own messages."""
     from torch._dynamo.source import LocalSource  # a torch Source: the ShapeEnv requires one
     sizes = [DimDynamic.DYNAMIC if d in dynamic_dims else DimDynamic.STATIC
              for d in range(real.dim())]
-    context = StatelessSymbolicContext(dynamic_sizes=sizes)
+    strides = [DimDynamic.DYNAMIC if d in dynamic_strides else DimDynamic.INFER_STRIDE
+               for d in range(real.dim())]
+    context = StatelessSymbolicContext(dynamic_sizes=sizes, dynamic_strides=strides)
     fake = fake_mode.from_tensor(real, source=LocalSource(name), symbolic_context=context)
-    _specialize_own_stride_symbols(fake)
+    _specialize_own_stride_symbols(fake, dynamic_strides)
     return fake
 
 
@@ -145,16 +148,17 @@ def symbolic_int(fake_mode: FakeTensorMode, value: int, name: str) -> torch.SymI
     return env.create_symintnode(symbol, hint=value, source=source)
 
 
-def _specialize_own_stride_symbols(fake: FakeTensor) -> None:
+def _specialize_own_stride_symbols(fake: FakeTensor, keep: set[int]) -> None:
     """A stride torch could not write as a product of the sizes (a slice of a wider buffer:
-    `big[:, :n]` has stride `(40, 1)`) gets a symbol of its own. Capture's guards and kernels
-    know size symbols only, so such a stride is specialized to its value here (the stride
-    guard then checks it: a call with another one recompiles)."""
+    `big[:, :n]` has stride `(40, 1)`) gets a symbol of its own. It stays one only for the dims
+    `keep` (strides that changed between calls: automatic dynamic); the others are specialized
+    to their values here (the stride guard then checks them: a call with another recompiles)."""
     from torch.fx.experimental.symbolic_shapes import guard_int
     size_symbols = set().union(*(s.node.expr.free_symbols for s in fake.shape
                                  if isinstance(s, torch.SymInt)))
-    for stride in fake.stride():
-        if isinstance(stride, torch.SymInt) and stride.node.expr.free_symbols - size_symbols:
+    for d, stride in enumerate(fake.stride()):
+        if d not in keep and isinstance(stride, torch.SymInt) and \
+                stride.node.expr.free_symbols - size_symbols:
             guard_int(stride)
 
 

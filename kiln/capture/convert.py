@@ -311,7 +311,8 @@ def _capture(fn: types.FunctionType, f_locals: dict[str, Any], cache: CodeCache,
              trace_numpy: bool = True) -> CacheEntry:
     start = time.perf_counter()
     policy = DynamicPolicy(settings.dynamic,
-                           {expr: frozenset(dims) for expr, dims in cache.dynamic_dims.items()})
+                           {expr: frozenset(dims) for expr, dims in cache.dynamic_dims.items()},
+                           {expr: frozenset(d) for expr, d in cache.dynamic_strides.items()})
     output = OutputGraph(cache.consts, frozenset(cache.dynamic), trace_numpy, policy)
     output.guards.ambient()
     code = fn.__code__

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import torch
 
-from kiln.capture.dynamic_dims import changed_dims
+from kiln.capture.dynamic_dims import changed_dims, changed_strides
 from kiln.capture.guard_cse import share_reads
 from kiln.capture.guards import AMBIENT_NAMESPACE, Constants, Guard
 from kiln.capture.module_version import MODULE_VERSION
@@ -66,6 +66,7 @@ class CodeCache:
         self.dynamic: set[str] = set()  # scalars whose value changed: kept symbolic from now on
         # tensor dims whose size changed, per source expression: symbolic from now on
         self.dynamic_dims: dict[str, set[int]] = {}
+        self.dynamic_strides: dict[str, set[int]] = {}  # the same for strides
         self.fallback: Callable | None = None  # the route-only copy run when `skip` is set
         self.version = 0
         self.warned_limit = False
@@ -120,16 +121,25 @@ class CodeCache:
 
     def note_changed_dims(self, namespace: dict[str, Any], enabled: bool) -> list[str]:
         """Automatic dynamic for tensor sizes: each dim whose size guard of the newest entry
-        failed is symbolic in the next capture (sizes 0 and 1 still specialize there). Returns
+        failed is symbolic in the next capture (sizes 0 and 1 still specialize there); the
+        same for each stride whose guard failed (a slice of a growing buffer). Returns
         what became dynamic, in words; `enabled` False (dynamic=False) records nothing."""
         if not enabled or not self.entries:
             return []
         newly = []
-        for change in changed_dims(self.entries[0].guards, namespace):
-            dims = self.dynamic_dims.setdefault(change.expr, set())
-            if change.dim not in dims:
-                dims.add(change.dim)
-                newly.append(change.render())
+        guards = self.entries[0].guards
+        sizes = changed_dims(guards, namespace)
+        resized = {change.expr for change in sizes}
+        # a tensor whose sizes changed has new strides too: the symbolic sizes account for
+        # them (contiguous strides are products of sizes); only a stride that changed while
+        # every size held is a symbol of its own
+        strides = [c for c in changed_strides(guards, namespace) if c.expr not in resized]
+        for table, changes in ((self.dynamic_dims, sizes), (self.dynamic_strides, strides)):
+            for change in changes:
+                dims = table.setdefault(change.expr, set())
+                if change.dim not in dims:
+                    dims.add(change.dim)
+                    newly.append(change.render())
         return newly
 
 

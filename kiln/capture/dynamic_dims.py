@@ -21,7 +21,7 @@ from typing import Any, Mapping
 import torch
 
 __all__ = ["DynamicPolicy", "DimChange", "DYNAMIC_ATTR", "WEAK_DYNAMIC_ATTR", "STATIC_ATTR",
-           "mark_dims", "changed_dims"]
+           "mark_dims", "changed_dims", "changed_strides"]
 
 DYNAMIC_ATTR = "_dynamo_dynamic_indices"  # mark_dynamic
 WEAK_DYNAMIC_ATTR = "_dynamo_weak_dynamic_indices"  # maybe_mark_dynamic
@@ -58,6 +58,16 @@ class DynamicPolicy:
 
     mode: bool | None = None
     automatic: Mapping[str, frozenset[int]] = dataclasses.field(default_factory=dict)
+    # per source expression, the dims whose stride changed between calls while the sizes held
+    # (a slice of a growing buffer: `seq[:, -1:]`)
+    strides: Mapping[str, frozenset[int]] = dataclasses.field(default_factory=dict)
+
+    def stride_dims_for(self, value: torch.Tensor, source_expr: str) -> set[int]:
+        """The dims of `value` whose stride is a symbol of its own in this capture (automatic
+        dynamic only: torch.compile's `dynamic=True` does not make strides symbolic either)."""
+        if self.mode is False or isinstance(value, torch.nn.Parameter):
+            return set()
+        return {d for d in self.strides.get(source_expr, ()) if 0 <= d < value.dim()}
 
     def dims_for(self, value: torch.Tensor, source_expr: str,
                  module_state: bool) -> dict[int, str]:
@@ -90,6 +100,28 @@ class DimChange:
 
     def render(self) -> str:
         return f"{self.user} changed from {self.old} to {self.new}"
+
+
+def changed_strides(guards: list, namespace: dict[str, Any]) -> list[DimChange]:
+    """The dims whose stride guard failed in `namespace` while the tensor kept its number of
+    dims: stride guards read `<tensor expr>.stride()` and expect a tuple, or (a symbolic
+    tensor's) the source of one in terms of the call's sizes."""
+    found: list[DimChange] = []
+    for guard in guards:
+        if guard.kind != "stride" or guard.failure(namespace) is None:
+            continue
+        expr = guard.value.removesuffix(".stride()")
+        try:
+            actual = tuple(eval(guard.value, namespace))  # noqa: S307 - our own expressions
+            expected = tuple(eval(guard.expected_src, namespace))  # noqa: S307
+        except Exception:  # noqa: BLE001 - no longer a tensor, or a size guard fails first
+            continue
+        if len(actual) != len(expected):
+            continue
+        name = guard.user.removesuffix(".stride()")
+        found.extend(DimChange(expr, d, f"{name}.stride({d})", old, new)
+                     for d, (old, new) in enumerate(zip(expected, actual)) if old != new)
+    return found
 
 
 def changed_dims(guards: list, namespace: dict[str, Any]) -> list[DimChange]:

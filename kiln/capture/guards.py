@@ -272,9 +272,11 @@ class GuardSet:
 
     def tensor_match(self, source: Source, value: torch.Tensor, *, module: bool = False,
                      location: UserLocation | None = None,
-                     symbolic_dims: set[int] = frozenset()) -> None:
+                     symbolic_dims: set[int] = frozenset(),
+                     symbolic_strides: bool = False) -> None:
         """Type, dtype, device, shape, strides and requires_grad, cheapest first; for a tensor
-        with `symbolic_dims`, the shape guard lists only its static dims."""
+        with `symbolic_dims`, the shape guard lists only its static dims. The strides of a
+        tensor with symbolic sizes or strides are guarded with the symbols (shape_guards)."""
         e, n = source.expr(), source.name()
         self.type_match(source, value, module=module, location=location)
         self._add(f"{e}.dtype", "is", value.dtype, f"{n}.dtype", "dtype", module=module,
@@ -288,8 +290,9 @@ class GuardSet:
             return  # the strides of a symbolic tensor are guarded with its sizes (shape_guards)
         self.add(Guard(f"tuple({e}.shape)", "==", repr(tuple(value.shape)), tuple(value.shape),
                        f"{n}.shape", "shape", module, location, shape_of=(e, None)))
-        self._add(f"{e}.stride()", "==", tuple(value.stride()), f"{n}.stride()", "stride",
-                  module=module, location=location)
+        if not symbolic_strides:
+            self._add(f"{e}.stride()", "==", tuple(value.stride()), f"{n}.stride()", "stride",
+                      module=module, location=location)
 
     def _symbolic_shape(self, source: Source, value: torch.Tensor, symbolic_dims: set[int], *,
                         module: bool, location: UserLocation | None) -> None:

@@ -83,8 +83,10 @@ class OutputGraph:
             unsupported("tensor-subclass", f"{source.name()} is a tensor subclass "
                         f"({type(value).__qualname__}), which capture does not handle yet")
         dims = self.dynamic.dims_for(value, source.expr(), module_state)
-        if dims:
-            fake = _compat.symbolic_fake(self.fake_mode, value, set(dims), source.ident())
+        strides = self.dynamic.stride_dims_for(value, source.expr())
+        if dims or strides:
+            fake = _compat.symbolic_fake(self.fake_mode, value, set(dims), source.ident(),
+                                         strides)
             self.symbolic.add(source, fake, module_state, dims)
         else:
             fake = self.fake_mode.from_tensor(value, static_shapes=True)

@@ -56,6 +56,15 @@ class SymbolicInputs:
             self.module_state[symbol] = module_state
             self.why[symbol] = why.get(dim, "")
             found = True
+        for dim, stride in enumerate(fake.stride()):  # a stride that is a symbol of its own
+            symbol = _compat.symbol_of(stride)
+            if symbol is None or symbol in self.exprs:
+                continue
+            self.exprs[symbol] = f"{source.expr()}.stride({dim})"
+            self.users[symbol] = f"{source.name()}.stride({dim})"
+            self.module_state[symbol] = module_state
+            self.why[symbol] = "it changed between calls"
+            found = True
         if found:
             self.tensors.append((source, fake, module_state))
 

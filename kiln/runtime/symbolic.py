@@ -44,7 +44,7 @@ def size_param(i: int) -> str:
 
 def size_sources(graph: IRGraph) -> dict[str, str]:
     """Each size symbol → the wrapper expression that reads it at a call: the first input dim
-    that is exactly that symbol (`x.shape[0]`), or an int input (`IRGraph.size_inputs`) that is
+    that is exactly that symbol (`x.shape[0]`), an input stride that is (`x.stride(0)`), an int input (`IRGraph.size_inputs`) that is
     it (`_size1`) or an affine function of it (`2*s0 - 1`, a number the forward computed from
     an int argument and saved for the backward: `(_size0 - -1)//2`)."""
     sources: dict[str, str] = {}
@@ -55,6 +55,13 @@ def size_sources(graph: IRGraph) -> dict[str, str]:
             name = _plain_symbol(size)
             if name is not None:
                 sources.setdefault(name, f"{buf.name}.shape[{d}]")
+    for buf in graph.inputs:  # a stride that is a symbol of its own (a slice of a growing buffer)
+        if buf is None:
+            continue
+        for d, stride in enumerate(buf.layout.stride):
+            name = _plain_symbol(stride)
+            if name is not None:
+                sources.setdefault(name, f"{buf.name}.stride({d})")
     for i, size in graph.size_inputs.items():
         name = _plain_symbol(size)
         if name is not None:

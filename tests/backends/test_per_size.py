@@ -54,7 +54,7 @@ def test_kiln_backend_generates_kernels_per_size_behind_one_capture(monkeypatch,
         torch.testing.assert_close(compiled(x, w1, w2), _mlp(x, w1, w2), rtol=1e-4, atol=1e-4)
     (graph,) = backend.returned
     assert isinstance(graph, SizeCache)
-    assert sorted(graph.compiled) == [((2, 8),), ((3, 8),), ((5, 8),)]
+    assert sorted(graph.compiled) == [(((b, 8), (8, 1)),) for b in (2, 3, 5)]  # shape, stride
     assert len(compiles) == 3  # generated code per size, the repeated size from the cache
 
 

@@ -81,7 +81,8 @@ def _wrap(tx: Translator, value: Any, source: Source, module_guard: bool) -> VT:
     if isinstance(value, torch.Tensor):
         vt = tx.output.input_for(value, source, type(value), module_state=module_guard)
         guards.tensor_match(source, value, module=module_guard, location=loc,
-                            symbolic_dims=symbolic_dims(vt.fake))
+                            symbolic_dims=symbolic_dims(vt.fake),
+                            symbolic_strides=any(map(_compat.is_symbolic, vt.fake.stride())))
         if vt.source is not source and vt.source != source:  # the same tensor seen twice
             guards.same_object(source, vt.source, location=loc)
         return vt
