@@ -48,25 +48,26 @@ class SymbolicInputs:
         """`fake` read from `source`, made with symbolic dims for the reasons `why` (per dim)."""
         found = False
         for dim, size in enumerate(fake.shape):
-            symbol = _compat.symbol_of(size)
-            if symbol is None or symbol in self.exprs:
-                continue
-            self.exprs[symbol] = f"{source.expr()}.shape[{dim}]"
-            self.users[symbol] = f"{source.name()}.shape[{dim}]"
-            self.module_state[symbol] = module_state
-            self.why[symbol] = why.get(dim, "")
-            found = True
+            found |= self._read_from(size, source, f"shape[{dim}]", module_state,
+                                     why.get(dim, ""))
         for dim, stride in enumerate(fake.stride()):  # a stride that is a symbol of its own
-            symbol = _compat.symbol_of(stride)
-            if symbol is None or symbol in self.exprs:
-                continue
-            self.exprs[symbol] = f"{source.expr()}.stride({dim})"
-            self.users[symbol] = f"{source.name()}.stride({dim})"
-            self.module_state[symbol] = module_state
-            self.why[symbol] = "it changed between calls"
-            found = True
+            found |= self._read_from(stride, source, f"stride({dim})", module_state,
+                                     "it changed between calls")
         if found:
             self.tensors.append((source, fake, module_state))
+
+    def _read_from(self, value: Any, source: Source, accessor: str, module_state: bool,
+                   why: str) -> bool:
+        """Record `source.<accessor>` (`shape[0]`, `stride(1)`) as where the symbol `value` is
+        read, unless it is no fresh symbol or an earlier source has it; whether it did."""
+        symbol = _compat.symbol_of(value)
+        if symbol is None or symbol in self.exprs:
+            return False
+        self.exprs[symbol] = f"{source.expr()}.{accessor}"
+        self.users[symbol] = f"{source.name()}.{accessor}"
+        self.module_state[symbol] = module_state
+        self.why[symbol] = why
+        return True
 
     def add_number(self, source: Source, value: torch.SymInt, why: str) -> None:
         """An int argument read from `source` as the symbol of `value` (`symbolic_int`)."""

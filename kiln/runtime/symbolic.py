@@ -44,24 +44,13 @@ def size_param(i: int) -> str:
 
 def size_sources(graph: IRGraph) -> dict[str, str]:
     """Each size symbol → the wrapper expression that reads it at a call: the first input dim
-    that is exactly that symbol (`x.shape[0]`), an input stride that is (`x.stride(0)`), an int input (`IRGraph.size_inputs`) that is
-    it (`_size1`) or an affine function of it (`2*s0 - 1`, a number the forward computed from
+    that is exactly that symbol (`x.shape[0]`), else an input stride that is (`x.stride(0)`),
+    or an int input (`IRGraph.size_inputs`) that is it (`_size1`) or an affine function of it (`2*s0 - 1`, a number the forward computed from
     an int argument and saved for the backward: `(_size0 - -1)//2`)."""
     sources: dict[str, str] = {}
-    for buf in graph.inputs:
-        if buf is None:
-            continue
-        for d, size in enumerate(buf.layout.size):
-            name = _plain_symbol(size)
-            if name is not None:
-                sources.setdefault(name, f"{buf.name}.shape[{d}]")
-    for buf in graph.inputs:  # a stride that is a symbol of its own (a slice of a growing buffer)
-        if buf is None:
-            continue
-        for d, stride in enumerate(buf.layout.stride):
-            name = _plain_symbol(stride)
-            if name is not None:
-                sources.setdefault(name, f"{buf.name}.stride({d})")
+    _read_from_inputs(sources, graph, "size", "{}.shape[{}]")
+    # a stride that is a symbol of its own (a slice of a growing buffer); sizes come first
+    _read_from_inputs(sources, graph, "stride", "{}.stride({})")
     for i, size in graph.size_inputs.items():
         name = _plain_symbol(size)
         if name is not None:
@@ -72,6 +61,19 @@ def size_sources(graph: IRGraph) -> dict[str, str]:
             name, coef, const = solved
             sources[name] = f"({size_param(i)} - {const})//{coef}"
     return sources
+
+
+def _read_from_inputs(sources: dict[str, str], graph: IRGraph, field: str,
+                      template: str) -> None:
+    """Each input layout's `field` ("size" or "stride") entry that is exactly a symbol not in
+    `sources` yet: read as `template.format(buffer, dim)`."""
+    for buf in graph.inputs:
+        if buf is None:
+            continue
+        for d, value in enumerate(getattr(buf.layout, field)):
+            name = _plain_symbol(value)
+            if name is not None:
+                sources.setdefault(name, template.format(buf.name, d))
 
 
 def _names_in(value: Any) -> set[str]:
