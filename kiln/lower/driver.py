@@ -1,7 +1,8 @@
 """driver: runs the lower stage — graph passes, inputs, the interpreter, outputs.
 
 `build_graph` is `lower_graph`'s body: it copies the FX graph (passes never touch the caller's),
-eliminates dead code, rewrites explicit attention, pads misaligned large matmuls on CUDA
+eliminates dead code, computes 0-dim CPU values beside accelerator tensors on the accelerator
+(`host_scalars`), rewrites explicit attention, pads misaligned large matmuls on CUDA
 (`padding`), computes convolution graphs channels-last on CUDA (`channels_last`), binds
 placeholders to `InputBuffer`s and `get_attr` tensors to `ConstantBuffer`s, runs the `Interpreter`, and turns each output into a strided view of a buffer with eager's
 strides (read before the passes; copying only when no view has them).
@@ -16,6 +17,7 @@ import torch
 import torch.fx
 
 from kiln.lower import _compat, attention, channels_last, padding, rules, symbolic  # noqa: F401 (rules: the rule table)
+from kiln.lower.host_scalars import move_host_scalars
 from kiln.lower.deps import read_writes
 from kiln.lower.index import Expr, size_names
 from kiln.lower.ir import (
@@ -67,6 +69,9 @@ def _print_fx(gm: torch.fx.GraphModule) -> str:
 # The lower stage's graph passes on the ATen graph, before it is interpreted into the IR
 # (kiln.passes: timed, dumped under KILN_DEBUG_DIR, `KILN_DISABLE_PASSES=channels_last`).
 PASSES = PassList("lower", [
+    Pass("host_scalars", move_host_scalars, "0-dim CPU values computed beside accelerator "
+         "tensors are computed on the accelerator (kernels cannot touch host memory)",
+         required=True),
     Pass("attention_rewrite", _rewrite_attention, "explicit softmax(q @ kᵀ) @ v attention "
          "becomes one SDPA call", flag="attention_rewrite"),
     Pass("pad_matmuls", _pad_matmuls, "large matmuls with rows not 16-byte aligned run on "

@@ -378,6 +378,24 @@ def calls_disabled(x):
     return z.cos()
 
 
+def test_a_dead_disabled_function_does_not_disable_the_next_one_at_its_address():
+    """CI, 2026-12-07: the registry held bare ids, so a function created where a dead disabled
+    one had lived (HF's GemmaModel.forward, after another test's kiln.disable) counted as
+    disabled: a graph break Dynamo does not have."""
+    from kiln.capture.rules import classify
+
+    def make():
+        def helper(t):
+            return t + 1
+        return helper
+
+    kiln.disable(make())  # the only reference to it is the registry's
+    fresh = []
+    for _ in range(50):  # with bare ids, CPython hands the freed address to the next function
+        fresh.append(make())
+    assert all(classify(f) == "inline" for f in fresh)
+
+
 def test_function_wrapped_by_kiln_disable():
     backend = CountingBackend()
     compiled = kiln.compile(calls_disabled, backend=backend)

@@ -1,0 +1,86 @@
+"""host_scalars: 0-dim CPU values a graph on an accelerator computes move to the accelerator.
+
+Eager lets a 0-dim CPU tensor meet CUDA tensors in one op (`x[x > 0] = 0` indexes with a CPU
+scalar tensor, and its backward builds `full([], 0, device=cpu)` for the values' gradient).
+Lowered as written, such a value is a CPU buffer that a compiled Triton kernel writes or reads
+through a device pointer: an illegal memory access, or kiln's device check refusing the graph.
+The value is a scalar either way, so computing it on the graph's device gives eager's answer.
+
+A value moves only when all of it stays inside the graph: its tensor inputs are on the device
+or move too, each of its users computes on the device (a 0-dim CUDA tensor beside CPU tensors
+is an error in eager where a CPU scalar is not), and it is not returned (eager returns it on
+the CPU). Graph inputs of this kind are moved by the driver (`IRGraph.moved_inputs`).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.fx
+
+__all__ = ["move_host_scalars"]
+
+
+def move_host_scalars(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    device = _graph_device(gm)
+    if device is None:
+        return gm
+    moving = _movable(gm, device)
+    for node in gm.graph.nodes:
+        if node in moving:
+            _place(node, device)
+    if moving:
+        gm.recompile()
+    return gm
+
+
+def _graph_device(gm: torch.fx.GraphModule) -> torch.device | None:
+    """The accelerator the graph's inputs live on, if any."""
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "get_attr"):
+            val = node.meta.get("val")
+            if isinstance(val, torch.Tensor) and val.device.type not in ("cpu", "meta"):
+                return val.device
+    return None
+
+
+def _movable(gm: torch.fx.GraphModule, device: torch.device) -> set[torch.fx.Node]:
+    """The computed 0-dim CPU values that can move: candidates by their inputs, then pruned
+    until every one left has only device users and no input that stays a CPU value."""
+    returned = set(gm.graph.output_node().all_input_nodes)
+    moving = {n for n in gm.graph.nodes if n.op == "call_function" and _host_scalar(n.meta.get("val"))
+              and n not in returned and all(_on(a, device) or _host_scalar(a.meta.get("val"))
+                                            for a in n.all_input_nodes)}
+    changed = True
+    while changed:
+        keep = {n for n in moving
+                if all(u in moving or _on(u, device) for u in n.users)
+                and all(a in moving or _on(a, device) or a.op != "call_function"
+                        for a in n.all_input_nodes)}
+        changed = keep != moving
+        moving = keep
+    return moving
+
+
+def _host_scalar(val: Any) -> bool:
+    return isinstance(val, torch.Tensor) and val.device.type == "cpu" and val.dim() == 0
+
+
+def _on(node: torch.fx.Node, device: torch.device) -> bool:
+    """Whether `node` computes on `device` (every tensor it gives is there)."""
+    val = node.meta.get("val")
+    vals = val if isinstance(val, (tuple, list)) else (val,)
+    tensors = [v for v in vals if isinstance(v, torch.Tensor)]
+    return bool(tensors) and all(t.device == device for t in tensors)
+
+
+def _place(node: torch.fx.Node, device: torch.device) -> None:
+    if node.kwargs.get("device") is not None:  # factories and `_to_copy(..., device=cpu)`
+        node.kwargs = {**node.kwargs, "device": device}
+    val = node.meta["val"]
+    mode = getattr(val, "fake_mode", None)
+    if mode is not None:
+        with mode:
+            node.meta["val"] = torch.empty((), dtype=val.dtype, device=device)
+    else:  # a real tensor as the meta (no fake mode): the value itself, moved
+        node.meta["val"] = val.to(device)
