@@ -34,7 +34,8 @@ class OutputRule:
     """How the epilogue makes one flattened output of the captured graph.
 
     kind: "tensor" (the compiled graph's next output), "input" (input `index` itself),
-    "input_view" (a view of input `index`: `view` is its (shape, stride, storage offset)),
+    "input_view" (a view of input `index`: `view` is its (shape, stride, storage offset), the
+    offset counted from the input's first element),
     "duplicate" (the same object as output `index`), "constant" (the Python value `value`).
     `dtype`: an input view of another dtype than its input's (`view_as_complex`, `view(dtype)`),
     its geometry counted in elements of that dtype; None: the input's dtype."""
@@ -138,11 +139,13 @@ def _output_value(rule: OutputRule, args: Sequence[Any], outs: tuple, position: 
     if rule.kind == "input":
         return args[rule.index]
     if rule.kind == "input_view":
-        shape, stride, offset = rule.view
+        shape, stride, offset = rule.view  # the offset counts from the input's first element
         base = args[rule.index]
+        start = base.storage_offset()
         if rule.dtype is not None and rule.dtype != base.dtype:
+            start = start * base.element_size() // rule.dtype.itemsize
             base = _storage_as(base, rule.dtype)
-        return base.as_strided(shape, stride, offset)
+        return base.as_strided(shape, stride, start + offset)
     if rule.kind == "duplicate":
         return flat[rule.index]
     return rule.value

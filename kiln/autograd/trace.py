@@ -330,12 +330,16 @@ def _classify_outputs(flat: list, stand_ins: StandIns) -> list[OutputInfo]:
 
 
 def _input_view(stand_ins: StandIns, i: int, out: torch.Tensor) -> TensorSpec:
-    """Where output `out` lies in input i's storage (the runtime views the real input so)."""
+    """Where output `out` lies in input i's storage, its storage offset counted from the
+    input's first element (in elements of `out`'s dtype): the runtime views the real input so,
+    wherever that input starts in its storage (`xs[0]` traced, `xs[3]` called)."""
     spec = TensorSpec.of(out)
-    if i not in stand_ins.cloned:
-        return spec
-    if not stand_ins.same_layout(i):
+    if i in stand_ins.cloned and not stand_ins.same_layout(i):
         raise AutogradUnsupported(
             f"an output is a view of input primals_{i}, which is written in place and whose "
             "layout a clone does not keep", hint="the graph runs eagerly instead")
-    return dataclasses.replace(spec, storage_offset=stand_ins.input_offset(i, spec.storage_offset))
+    offset = stand_ins.input_offset(i, spec.storage_offset) if i in stand_ins.cloned \
+        else spec.storage_offset
+    primal = stand_ins.primals[i]
+    start = primal.storage_offset() * primal.element_size() // out.element_size()
+    return dataclasses.replace(spec, storage_offset=offset - start)

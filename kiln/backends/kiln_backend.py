@@ -37,6 +37,7 @@ from typing import Any, Callable
 
 import torch
 
+from kiln._util import is_hashable
 from kiln.autograd import aot_compile, has_unbacked_sizes
 from kiln.backends.per_size import per_size, symbolic_inputs, symbolic_or_per_size
 from kiln.backends.registry import register_backend
@@ -102,6 +103,8 @@ def kiln_backend(gm: torch.fx.GraphModule, example_inputs: list, *, mode: str | 
     def compiling(symbolic: bool) -> Callable[[torch.fx.GraphModule, list], Callable[..., Any]]:
         def compile_one(graph: torch.fx.GraphModule, inputs: list) -> Callable[..., Any]:
             compiled = compile_captured(graph, inputs, opts, symbolic=symbolic)
+            if not names_storage_positions(graph):
+                return compiled  # kernels address inputs from their first elements
             return guard_storage_offsets(compiled, graph, inputs)
         return compile_one
 
@@ -123,15 +126,30 @@ def _offsets_check(offsets: list[tuple[int, int]]) -> Callable[[tuple], bool]:
     return scope["check"]
 
 
+_AS_STRIDED = {torch.as_strided, torch.as_strided_, torch.Tensor.as_strided,
+               torch.Tensor.as_strided_, "as_strided", "as_strided_"}
+
+
+def names_storage_positions(gm: torch.fx.GraphModule) -> bool:
+    """Whether the user's graph calls `as_strided` with an explicit storage offset: a position
+    in the storage counted from its start, which changes meaning when the input sits elsewhere
+    in its storage (every other op addresses an input from its first element, as the compiled
+    kernels do; `x.storage_offset()` read by user code is guarded by capture)."""
+    for node in gm.graph.nodes:
+        if node.op in ("call_function", "call_method") and is_hashable(node.target) \
+                and node.target in _AS_STRIDED:
+            if len(node.args) > 3 or "storage_offset" in node.kwargs:
+                return True
+    return False
+
+
 def guard_storage_offsets(compiled: Callable[..., Any], gm: torch.fx.GraphModule,
                           example_inputs: list) -> Callable[..., Any]:
-    """`compiled`, for calls whose tensor inputs sit at the storage offsets of the examples.
-
-    The generated kernels address each input's storage at the offset it was compiled for
-    (`x[0]` of a base is element 0 of its storage, `x[1]` element 5): a later call with a tensor
-    at another offset would read other elements. Capture's guards do not cover storage
-    offsets, so such a call runs the graph as torch ops (eager's answer), with a warning once
-    per graph, instead of giving a wrong one."""
+    """`compiled`, for calls whose tensor inputs sit at the storage offsets of the examples:
+    for graphs that name storage positions (`names_storage_positions`), whose lowering read
+    them relative to the examples' offsets. Capture's guards do not cover storage offsets, so
+    a call with an input elsewhere runs the graph as torch ops (eager's answer), with a
+    warning once per graph, instead of giving a wrong one."""
     offsets = [(i, t.storage_offset()) for i, t in enumerate(example_inputs)
                if isinstance(t, torch.Tensor)]
     same_offsets = _offsets_check(offsets)

@@ -294,6 +294,14 @@ class GuardSet:
             self._add(f"{e}.stride()", "==", tuple(value.stride()), f"{n}.stride()", "stride",
                       module=module, location=location)
 
+    def storage_offset(self, source: Source, value: torch.Tensor, *,
+                       location: UserLocation | None = None) -> None:
+        """The code read a storage offset (`x.storage_offset()`, a constant in the graph): it
+        derives from the inputs' own offsets, which the other guards leave free."""
+        self._add(f"{source.expr()}.storage_offset()", "==", value.storage_offset(),
+                  f"{source.name()}.storage_offset()", "storage offset", module=False,
+                  location=location)
+
     def _symbolic_shape(self, source: Source, value: torch.Tensor, symbolic_dims: set[int], *,
                         module: bool, location: UserLocation | None) -> None:
         """The exact-shape guard of a tensor with symbolic dims: its number of dims, then each

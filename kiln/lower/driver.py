@@ -152,8 +152,9 @@ def _bind_inputs(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None,
             if _host_scalar(val, device):
                 where = device
                 builder.graph.moved_inputs.append(node.name)
-            layout = Layout(val.dtype, where, tuple(val.shape), tuple(val.stride()),
-                            val.storage_offset())
+            # offset 0: kernels address an input from its first element (InputBuffer)
+            layout = Layout(val.dtype, where, tuple(val.shape), tuple(val.stride()), 0)
+            builder.graph.input_offsets[node.name] = val.storage_offset()
             buf = InputBuffer(node.name, layout, (_origin(node),))
             builder.graph.add_buffer(buf)
             builder.graph.inputs.append(buf)

@@ -20,6 +20,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
+from kiln._util import memory_from
 from kiln.lower.index import Expr, Sym
 from kiln.lower.ir import (ComputedBuffer, ConstantBuffer, ExternKernel, IRGraph, Reduction,
                            TensorArg, map_nested)
@@ -191,12 +192,14 @@ class PrintedRun:
 
     def bind(self, name: str, tensor: torch.Tensor, dtype: torch.dtype, size: Sequence[int],
              stride: Sequence[int], offset: int) -> None:
-        got = (tensor.dtype, tuple(tensor.shape), tuple(tensor.stride()), tensor.storage_offset())
-        want = (dtype, tuple(size), tuple(stride), offset)
+        """An input: its layout's offset counts from the tensor's first element (any storage
+        offset of the tensor itself is fine, as for compiled kernels)."""
+        got = (tensor.dtype, tuple(tensor.shape), tuple(tensor.stride()))
+        want = (dtype, tuple(size), tuple(stride))
         if got != want:
-            raise ValueError(f"input {name}: the graph was lowered for (dtype, size, stride, "
-                             f"offset) {want}, got {got}")
-        self.storages[name] = flat_storage(tensor)
+            raise ValueError(f"input {name}: the graph was lowered for (dtype, size, stride) "
+                             f"{want}, got {got}")
+        self.storages[name] = memory_from(tensor)  # `offset` is 0: lowered input layouts
 
     def constant(self, name: str) -> None:
         value = self.constants[name]

@@ -69,6 +69,9 @@ class IRGraph:
     moved_inputs: names of 0-dim CPU inputs of a graph that computes on another device (eager
         mixes a CPU scalar tensor with CUDA tensors): their layouts say the graph's device and
         the wrapper copies them there first, since a kernel cannot read host memory.
+    input_offsets: the example inputs' storage offsets by input name. Input layouts count from
+        each input's first element (offset 0); an `as_strided` of an input's storage names
+        positions from the storage's start, so its lowering subtracts this.
     size_inputs: position -> the size expression of each non-tensor input that is a symbolic
         size (a backward graph reads `sym_size_int` saved by its forward): the wrapper binds
         the size symbol from it when no input dim has it.
@@ -82,6 +85,7 @@ class IRGraph:
         self.mutations: list[tuple[str, TensorArg]] = []
         self.buffers: dict[str, Buffer] = {}
         self.moved_inputs: list[str] = []
+        self.input_offsets: dict[str, Any] = {}
         self.size_inputs: dict[int, Any] = {}
         self.symbolic = False  # sizes are expressions of `Size` atoms (kiln.lower.symbolic)
 

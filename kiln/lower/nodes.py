@@ -221,7 +221,11 @@ class Buffer:
 
 
 class InputBuffer(Buffer):
-    """A graph input (FX placeholder `name`), with the example input's layout."""
+    """A graph input (FX placeholder `name`), with the example input's sizes and strides. Its
+    layout's offset counts from the input tensor's first element (its `data_ptr()`), not from
+    the start of its storage: kernels address inputs from the pointer they are handed, so a
+    graph compiled for `xs[0]` runs `xs[5]` unchanged (the example's storage offset is in
+    `IRGraph.input_offsets`)."""
 
     kind = "input"
 

@@ -35,6 +35,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 
+from kiln._util import memory_from
 from kiln.codegen.triton_build import compile_kernel, source_path
 from kiln.codegen.kernel import KernelSpec, grid_source
 from kiln.config import config
@@ -55,9 +56,11 @@ def _interpreting() -> bool:
 
 
 def _storage(t: torch.Tensor) -> torch.Tensor:
-    """The whole storage of `t` as a 1-D tensor at storage offset 0 (interpreter route)."""
-    n = t.untyped_storage().nbytes() // t.element_size()
-    return torch.as_strided(t, (n,), (1,), 0)
+    """What the kernel addresses of `t`: its memory from its first element on, 1-D (the
+    generic and interpreter routes; the bound route passes `t.data_ptr()`, the same address).
+    Kernels index every tensor from its first element: inputs by their lowered layouts, which
+    count from there; buffers whose layout has an offset are handed over as `storage_base`."""
+    return memory_from(t)
 
 
 @contextlib.contextmanager
@@ -322,9 +325,9 @@ def _generate_launch(launcher: Launcher, kernel: Any) -> tuple[str, Callable[...
             run_args.append(f"const_{i}")
     g0, g1, g2 = grid_source(launcher.spec) if sizes else launcher.grid
     lines = [f"def launch_{launcher.name}({', '.join(params + sizes + ['stream=None'])}):"]
-    lines += [f"    {p} = {a}.untyped_storage().data_ptr()" for p, a in zip(ptrs, params)]
+    lines += [f"    {p} = {a}.data_ptr()" for p, a in zip(ptrs, params)]
     if ptrs:
-        lines += [f"    if ({' | '.join(ptrs)}) & 15:  # compiled for 16-byte aligned storages",
+        lines += [f"    if ({' | '.join(ptrs)}) & 15:  # compiled for 16-byte aligned pointers",
                   f"        return generic({', '.join(params + sizes)})"]
     lines += ["    if stream is None:",
               "        stream = current_stream(device)",

@@ -12,9 +12,11 @@ at run time: sizes, strides and ops are literals in the text, and kernels are gl
 name when the text is exec'd (`load_wrapper`), so the source alone plus the kernels rebuilds the
 callable (the disk cache stores exactly that).
 
-Kernels address their buffers' storages at flat offsets (the IR's layout offsets included), so a
-kernel argument is the tensor itself when its layout offset is 0 (data pointer = storage start)
-and `storage_base(t)` otherwise.
+Kernels address each tensor argument from its data pointer at the IR's flat layout offsets. A
+buffer's argument is the tensor itself when its layout offset is 0 and `storage_base(t)`
+otherwise. Input layouts count from the input's first element (always offset 0), so the input is
+passed as it comes, at any storage offset, and its views are `as_strided` from
+`x.storage_offset()`: one compiled graph serves `xs[0]`, `xs[1]`, ...
 """
 from __future__ import annotations
 
@@ -287,6 +289,9 @@ class _Writer:
             raise WrapperError(f"view {arg.render()} changes the dtype of {arg.name}")
         if not returned and self._inside_own_layout(arg):  # its offset counts from the buffer's
             return f"alias_view({arg.name}, {arg.size}, {arg.stride}, {arg.offset - lay.offset})"
+        if isinstance(self._buf(arg.name), InputBuffer):  # input layouts count from the input
+            return (f"as_strided({arg.name}, {arg.size}, {arg.stride}, "
+                    f"{arg.name}.storage_offset() + {arg.offset})")
         return f"as_strided({arg.name}, {arg.size}, {arg.stride}, {arg.offset})"
 
     def _inside_own_layout(self, arg: TensorArg) -> bool:
@@ -431,6 +436,8 @@ class _Writer:
         names = [a.name for a in node.op._schema.arguments]
         args = [self._extern_arg(a, dense, names[i] if i < len(names) else "")
                 for i, a in enumerate(node.args)]
+        if node.op is torch.ops.aten.as_strided_scatter.default:
+            args[0] = self._at_storage_position(node.args[0], args[0])
         args += [f"{k}={self._extern_arg(v, dense, k)}" for k, v in node.kwargs.items()]
         call = f"{format_value(node.op)}({', '.join(args)})"
         targets = [o.name if isinstance(o, ExternOutput) and o.name not in self.dropped else "_"
@@ -447,6 +454,15 @@ class _Writer:
                 lay = out.layout
                 self._line(f"{out.name} = fit_layout({out.name}, {tuple(lay.size)}, "
                            f"{tuple(lay.stride)}, {lay.offset})")
+
+    def _at_storage_position(self, arg: Any, text: str) -> str:
+        """`as_strided_scatter` names positions from the start of its input's storage. A view
+        of a graph input is laid out from the input's first element, so at the storage offset
+        the graph was compiled for it goes as it is; elsewhere, as a copy at that offset."""
+        if not isinstance(arg, TensorArg) or not isinstance(self._buf(arg.name), InputBuffer):
+            return text
+        offset = arg.offset + self.graph.input_offsets.get(arg.name, 0)
+        return f"fit_layout({text}, {tuple(arg.size)}, {tuple(arg.stride)}, {offset})"
 
     def _extern_arg(self, value: Any, dense_last_dim: bool, name: str = "") -> str:
         text = self._value(value)

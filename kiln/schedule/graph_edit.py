@@ -65,6 +65,7 @@ def copy_graph(graph: IRGraph) -> IRGraph:
     new.mutations = list(graph.mutations)
     new.buffers = dict(graph.buffers)
     new.moved_inputs = list(graph.moved_inputs)
+    new.input_offsets = dict(graph.input_offsets)
     new.size_inputs = dict(graph.size_inputs)
     new.symbolic = graph.symbolic
     return new

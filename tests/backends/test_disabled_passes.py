@@ -50,7 +50,7 @@ def test_inference_with_every_optimization_off_matches_eager(recorder, device):
     assert statuses == {"attention_rewrite": "off", "pad_matmuls": "off", "channels_last": "off",
                         "joint_attention": "off", "gemm_merge": "off",
                         "attention_layout": "off", "elide": "off", "split": "off",
-                        "fusion": "off, stand-in ran", "memory": "ran"}
+                        "fusion": "off, stand-in ran", "memory": "ran", "host_scalars": "ran"}
 
 
 def test_training_without_the_joint_attention_rewrite_matches_eager(recorder, device):
@@ -97,8 +97,8 @@ def test_debug_dir_has_a_folder_per_pass_list_run(tmp_path, device):
     assert sorted(os.listdir(os.path.join(config.debug_dir, passes[0]))) == [
         "00_input.py", "01_joint_attention.py", "passes.json"]
     assert sorted(os.listdir(os.path.join(config.debug_dir, passes[1]))) == [
-        "00_input.py", "01_attention_rewrite.py", "02_pad_matmuls.py", "03_channels_last.py",
-        "passes.json"]
+        "00_input.py", "01_host_scalars.py", "02_attention_rewrite.py", "03_pad_matmuls.py",
+        "04_channels_last.py", "passes.json"]
     assert len(os.listdir(os.path.join(config.debug_dir, passes[2]))) == 8  # input + 6 + json
     graphs, _ = read_debug_dir(config.debug_dir)  # the report reads graph folders only
     assert not any(g.name.endswith("_passes") for g in graphs)

@@ -58,13 +58,19 @@ def test_launchers_equal_eager():
         torch.testing.assert_close(g, w)
 
 
-def test_launcher_takes_any_view_of_the_buffers():
+def test_launcher_addresses_each_tensor_from_its_first_element():
+    """Kernels index a tensor from `data_ptr()`, not from its storage's start: one compiled
+    kernel serves tensors anywhere in their storages (`xs[3]` after `xs[0]`), and the
+    alignment check sends the unaligned ones (a 5-float offset) through the generic route."""
     x = torch.randn(4, 8, device=DEVICE)
     graph, (spec,) = _lowered(lambda x: x.exp() * 2, x.cpu())
     (lc,) = build_launchers([spec])
-    out = torch.empty(4, 8, device=DEVICE)
-    lc(x.t(), out[1:])  # views of the same storages: the kernel addresses storages
-    torch.testing.assert_close(out, x.exp() * 2)
+    for x_at, out_at in ((0, 0), (5, 3), (8, 16)):
+        x_base, out_base = torch.randn(48, device=DEVICE), torch.zeros(48, device=DEVICE)
+        x_base[x_at:x_at + 32].copy_(x.flatten())
+        lc(x_base[x_at:x_at + 32].view(4, 8), out_base[out_at:out_at + 32].view(4, 8))
+        torch.testing.assert_close(out_base[out_at:out_at + 32].view(4, 8), x.exp() * 2)
+        assert not out_base[:out_at].any() and not out_base[out_at + 32:].any()
     assert lc.grid == (1, 1, 1) and lc.meta == spec.meta_dict
     assert lc.options == {"num_warps": spec.num_warps, "num_stages": spec.num_stages,
                           **spec.compile_options()}
@@ -131,17 +137,17 @@ def test_stage_timer_accumulates():
     assert 0 < first < timings["codegen"] < 5
 
 
-def test_bound_launch_passes_storage_pointers_grid_and_constexprs(monkeypatch):
+def test_bound_launch_passes_data_pointers_grid_and_constexprs(monkeypatch):
     monkeypatch.setattr(launcher_mod, "_stream_source", lambda: (lambda device: 1000 + device, 3))
     x = torch.randn(4, 8)
     _, (spec,) = _lowered(lambda x: x.sum(-1), x)
     lc = Launcher(spec, triton_build.compile_kernel(spec))
     fake = lc.kernel = FakeCompiledKernel()
     lc.bind()
-    assert lc.fast and "untyped_storage().data_ptr()" in lc.source
+    assert lc.fast and ".data_ptr()" in lc.source and "untyped_storage" not in lc.source
     base = torch.empty(64)
-    out = base[16:20]  # a view: the storage's address is passed, not the view's
-    lc(x.t(), out)
+    out = base[16:20]  # a view: its own address is passed (kernels index from it)
+    lc(x, out)
     assert lc._launch.__name__ == f"launch_{spec.name}"  # first launch done: the bound function
     lc(x, out, stream=7)
     (g0, g1, g2, stream, function, metadata, launch_meta, *rest), second = fake.calls
@@ -149,7 +155,7 @@ def test_bound_launch_passes_storage_pointers_grid_and_constexprs(monkeypatch):
     meta = spec.meta_dict
     assert (g0, g1, g2) == spec.grid(meta) + (1, 1) and stream == 1003 and second[3] == 7
     assert (function, metadata, launch_meta, hooks) == (0xF00, ("metadata",), None, [None, None])
-    assert pointers == [x.untyped_storage().data_ptr(), base.untyped_storage().data_ptr()]
+    assert pointers == [x.data_ptr(), out.data_ptr()] != [x.data_ptr(), base.data_ptr()]
     assert list(lc.fn.arg_names[-2:]) == ["XBLOCK", "RBLOCK"]  # the kernel's parameter order
     assert constexprs == [meta["XBLOCK"], meta["RBLOCK"]] and meta["RBLOCK"] == 8
 

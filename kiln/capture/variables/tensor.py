@@ -237,6 +237,11 @@ def metadata_vt(tx: Translator, tensor: TensorVT, name: str, args: tuple, result
     if _compat.is_symbolic(result) and name in _SIZE_OPS:
         dims = (args[0] % tensor.fake.dim(),) if args else ()
         return tx.output.size_node(tensor, _SIZE_OPS[name], dims, result)
+    if name == "storage_offset":  # a constant from here on: guard where it came from
+        for graph_input in tx.output.inputs:
+            if isinstance(graph_input.example, torch.Tensor):
+                tx.output.guards.storage_offset(graph_input.source, graph_input.example,
+                                                location=tx.location())
     if isinstance(result, tuple):  # only sizes are kept symbolic: specialize the rest
         return TupleVT([ConstantVT(_compat.concrete(r)) for r in result])
     return ConstantVT(_compat.concrete(result))

@@ -56,11 +56,17 @@ def lower_as_strided_scatter(call: Call, x: Any, *args: Any, **kwargs: Any) -> A
     say offset 0 when `x` does not start its storage (and its dispatch cache can hand that to
     the first scatter too): the copy made to that layout dropped the storage before `x`, and
     the view read next at x's offset fell outside it (fuzz seed 708022). The layout comes from
-    the lowered `x` instead, a buffer at its real offset."""
+    the lowered `x` instead, a buffer at its real offset.
+
+    The op's storage offset counts from the start of x's storage. For `x` of a graph input
+    (whose layout counts from the input's first element) that is the example's storage offset
+    plus x's: the wrapper hands the library `x` at that offset (a copy when the input arrives
+    elsewhere in its storage, `wrapper._write_extern`), so the positions the graph names hold."""
     arg = call.builder.tensor_arg(x)
-    if not all(isinstance(v, int) for v in (*arg.size, *arg.stride, arg.offset)):
+    offset = arg.offset + call.builder.graph.input_offsets.get(arg.name, 0)
+    if not all(isinstance(v, int) for v in (*arg.size, *arg.stride, offset)):
         return call.builder.call_kernel(Fallback, "fallback", call, (x, *args), kwargs)
     like_x = _compat.fake_tensor_like(_compat.fake_mode_of([call.out]), arg.size, arg.stride,
-                                      arg.dtype, call.out.device, arg.offset)
+                                      arg.dtype, call.out.device, offset)
     as_eager = dataclasses.replace(call, out=like_x)
     return call.builder.call_kernel(Fallback, "fallback", as_eager, (x, *args), kwargs)

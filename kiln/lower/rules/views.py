@@ -239,6 +239,8 @@ def lower_as_strided(call: Call, x: TensorValue, size: Sequence[int], stride: Se
     if isinstance(base, PointwiseValue) or not isinstance(base, BufferValue):
         base = call.builder.realize(base)
     offset = call.meta_args[0].storage_offset() if storage_offset is None else storage_offset
+    # positions in the input's storage, whose layout counts from the input's first element
+    offset = offset - call.builder.graph.input_offsets.get(base.buffer.name, 0)
     storage = BufferValue(base.buffer, storage=True)
     stride = tuple(stride)
 
