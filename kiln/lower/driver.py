@@ -17,7 +17,7 @@ import torch
 import torch.fx
 
 from kiln.lower import _compat, attention, channels_last, padding, rules, symbolic  # noqa: F401 (rules: the rule table)
-from kiln.lower.host_scalars import move_host_scalars
+from kiln.lower.host_scalars import host_scalar, move_host_scalars
 from kiln.lower.deps import read_writes
 from kiln.lower.index import Expr, size_names
 from kiln.lower.ir import (
@@ -196,7 +196,7 @@ def _compute_device(values: Sequence[Any]) -> torch.device | None:
 def _host_scalar(value: torch.Tensor, device: torch.device | None) -> bool:
     """A 0-dim CPU tensor in a graph on an accelerator: eager allows the mix, a generated
     kernel would dereference a host pointer on the device (an illegal memory access)."""
-    return device is not None and value.device.type == "cpu" and value.dim() == 0
+    return device is not None and host_scalar(value)
 
 
 def _origin(node: torch.fx.Node) -> Origin:

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.fx
 
-__all__ = ["move_host_scalars"]
+__all__ = ["host_scalar", "move_host_scalars"]
 
 
 def move_host_scalars(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
@@ -45,24 +45,28 @@ def _graph_device(gm: torch.fx.GraphModule) -> torch.device | None:
 
 
 def _movable(gm: torch.fx.GraphModule, device: torch.device) -> set[torch.fx.Node]:
-    """The computed 0-dim CPU values that can move: candidates by their inputs, then pruned
-    until every one left has only device users and no input that stays a CPU value."""
+    """The computed 0-dim CPU values that are not returned, pruned until each one left reads
+    only device values, moving ones or 0-dim CPU inputs and constants (the driver moves those),
+    and has only device users or moving ones."""
     returned = set(gm.graph.output_node().all_input_nodes)
-    moving = {n for n in gm.graph.nodes if n.op == "call_function" and _host_scalar(n.meta.get("val"))
-              and n not in returned and all(_on(a, device) or _host_scalar(a.meta.get("val"))
-                                            for a in n.all_input_nodes)}
-    changed = True
-    while changed:
-        keep = {n for n in moving
-                if all(u in moving or _on(u, device) for u in n.users)
-                and all(a in moving or _on(a, device) or a.op != "call_function"
-                        for a in n.all_input_nodes)}
-        changed = keep != moving
+    moving = {n for n in gm.graph.nodes if n.op == "call_function"
+              and host_scalar(n.meta.get("val")) and n not in returned}
+
+    def stays(n: torch.fx.Node) -> bool:
+        return all(a in moving or _on(a, device) or (a.op != "call_function"
+                                                     and host_scalar(a.meta.get("val")))
+                   for a in n.all_input_nodes) \
+            and all(u in moving or _on(u, device) for u in n.users)
+
+    while True:
+        keep = {n for n in moving if stays(n)}
+        if keep == moving:
+            return moving
         moving = keep
-    return moving
 
 
-def _host_scalar(val: Any) -> bool:
+def host_scalar(val: Any) -> bool:
+    """A 0-dim CPU tensor: eager lets it meet tensors of any device in one op."""
     return isinstance(val, torch.Tensor) and val.device.type == "cpu" and val.dim() == 0
 
 
