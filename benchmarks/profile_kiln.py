@@ -9,7 +9,8 @@ or one forward + backward with `:train`. Variants: eager, torch.compile, kiln, a
 conv graphs in NHWC), so one process compares the layouts beside torch.compile.
 
 For each case, runs a few warm-up calls, then profiles 5 calls with torch.profiler and prints
-the CUDA kernels sorted by total time (µs per call) and the kernel count per call. Set
+the CUDA kernels sorted by total time (µs per call), the kernel count per call, the
+end-to-end median ms per call and the peak memory of one call. Set
 KILN_DEBUG_DIR to keep kiln's wrappers and kernel sources (and KILN_WARM_START=0, since a
 warm-start hit writes none). Needs CUDA.
 """
@@ -52,9 +53,27 @@ def profile(fn: Callable[[], Any], top: int) -> None:
     rows = sorted(totals.items(), key=lambda kv: -sum(kv[1]))
     count = sum(len(v) for v in totals.values()) / CALLS
     total = sum(sum(v) for v in totals.values()) / CALLS
-    print(f"  {count:.0f} kernels/call, {total:.1f} us GPU time/call")
+    print(f"  {count:.0f} kernels/call, {total:.1f} us GPU time/call, "
+          f"{wall_ms(fn):.3f} ms per call (median, triton do_bench), "
+          f"peak {peak_mib(fn):.0f} MiB")
     for name, times in rows[:top]:
         print(f"  {sum(times) / CALLS:9.1f} us  x{len(times) / CALLS:<4.0f} {name[:110]}")
+
+
+def wall_ms(fn: Callable[[], Any]) -> float:
+    """End-to-end time of one call, host included: what zoo.py reports, in the same process as
+    the kernel table, so a gap between the two shows up on one page."""
+    import triton.testing
+
+    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
+
+
+def peak_mib(fn: Callable[[], Any]) -> float:
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() / 2**20
 
 
 def seed(dtype: torch.dtype, phase: str, variant: str) -> Callable[[], Any]:

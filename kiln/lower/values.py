@@ -197,10 +197,32 @@ def strided_view(value: TensorValue) -> TensorArg | None:
     by_name = {s.name: c for s, c in coefs.items()}
     if len(by_name) != len(coefs):
         return None
-    stride = []
-    for d, s in enumerate(value.size):
-        stride.append(by_name.pop(f"v{d}", 0 if s != 1 else 1))
+    stride = [by_name.pop(f"v{d}", 0 if s != 1 else None) for d, s in enumerate(value.size)]
     if by_name:  # a symbol that is not a loop variable (indirect)
         return None
-    return TensorArg(buf.name, buf.dtype, value.size, tuple(stride), offset)
+    return TensorArg(buf.name, buf.dtype, value.size, _unit_dim_strides(stride, value.size,
+                                                                       base.layout), offset)
+
+
+def _unit_dim_strides(stride: list, size: tuple, layout: Any) -> tuple:
+    """`stride` with the dims of size 1 (None: the index never steps them) filled in. Their
+    stride is never used to address memory, but library calls read it: a convolution picks
+    channels-last when its weight looks channels-last, and a (C, 1, k, k) depthwise weight
+    given stride 1 along its size-1 dim does (cuDNN then converts the NCHW input and the
+    output is copied back). A view with the buffer's own sizes keeps the buffer's strides;
+    otherwise a size-1 dim gets the stride contiguous order would give it."""
+    known = [s for s in stride if s is not None]
+    if tuple(size) == tuple(layout.size) and known == [
+            s for s, n in zip(layout.stride, layout.size) if n != 1]:
+        return tuple(layout.stride)
+    filled: list = list(stride)
+    step = 1
+    for d in reversed(range(len(size))):
+        if filled[d] is None:
+            filled[d] = step
+        elif filled[d] != 0:  # a broadcast dim says nothing about the order
+            step = filled[d]
+        if isinstance(size[d], int) and size[d] > 0 and filled[d] != 0:
+            step = step * size[d]
+    return tuple(filled)
 

@@ -147,3 +147,48 @@ def test_a_pointwise_kernel_walks_its_channels_last_output_in_memory_order():
     assert "x1 = xindex % 16" in lines
     torch.testing.assert_close(kiln.compile(lambda t: torch.relu(t * 2 + 1), backend="kiln")(x),
                                torch.relu(x * 2 + 1))
+
+
+def _relayouts_per_call(compiled, x) -> int:
+    """Library outputs the wrapper had to copy into the layout the IR recorded, in one call
+    after warm-up: a layout the lowering got wrong shows up here (a full copy per call)."""
+    from kiln.runtime import wrapper
+
+    with torch.no_grad():
+        compiled(x)
+        before = wrapper.relayout_copies[0]
+        out = compiled(x)
+    return out, wrapper.relayout_copies[0] - before
+
+
+def test_a_depthwise_weight_reaches_the_convolution_in_its_own_layout(device):
+    """A (C, 1, k, k) weight's size-1 dim has a stride nothing addresses, but the convolution
+    reads it: given stride 1 there, the weight looks channels-last and the library computes in
+    NHWC (converting the NCHW input; the output then copied back to NCHW every call, 16 times a
+    call in MobileNetV3). The extern gets the weight's own strides."""
+    model = _randomize_bn(nn.Sequential(
+        nn.Conv2d(3, 16, 1), nn.BatchNorm2d(16), nn.ReLU(),
+        nn.Conv2d(16, 16, 3, padding=1, groups=16), nn.BatchNorm2d(16), nn.Hardswish(),
+        nn.Conv2d(16, 16, 5, padding=2, groups=16))).to(device).eval()
+    x = torch.randn(2, 3, 12, 12, device=device)
+    out, copies = _relayouts_per_call(kiln.compile(model, backend="kiln"), x)
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-4)
+    assert out.stride() == model(x).stride()
+    assert copies == 0
+
+
+def test_a_max_pool_of_a_channels_last_tensor_stays_channels_last(device):
+    """max_pool2d_with_indices returns a pair; its values take eager's (channels-last) layout,
+    so the convolution after it reads NHWC as in eager instead of NCHW and a copy back."""
+    conv = nn.Conv2d(8, 8, 3, padding=1).to(device).eval()
+
+    def f(x):
+        return conv(nn.functional.max_pool2d(torch.relu(x), 3, 2, 1))
+
+    x = torch.randn(2, 8, 12, 12, device=device).to(memory_format=torch.channels_last)
+    out, copies = _relayouts_per_call(kiln.compile(f, backend="kiln"), x)
+    with torch.no_grad():
+        torch.testing.assert_close(out, f(x), rtol=1e-4, atol=1e-4)
+        assert out.stride() == f(x).stride()
+    assert copies == 0

@@ -67,7 +67,10 @@ def lower_max_pool2d(call: Call, x: TensorValue, kernel_size: Any, stride: Any =
     kernel = _pair(kernel_size)
     args = (kernel, _pair(stride) if stride else kernel, _pair(padding), _pair(dilation))
     values, indices = call.out
-    out_v = pointwise(call, values.shape, lambda i: _window_max(x, i, *args)[0], x.dtype, [x])
+    # call.out is the pair, so the values' layout is passed on: a channels-last input pools
+    # into a channels-last output as in eager (contiguous would feed the next convolution NCHW)
+    out_v = pointwise(call, values.shape, lambda i: _window_max(x, i, *args)[0], x.dtype, [x],
+                      stride=tuple(values.stride()))
     call_i = Call(call.builder, call.node, call.op, call.meta_args, call.meta_kwargs, indices,
                   call.origin)
     out_i = pointwise(call_i, indices.shape, lambda i: _window_max(x, i, *args)[1],
