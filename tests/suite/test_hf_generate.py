@@ -25,7 +25,7 @@ NEW_TOKENS = 6
 
 def _prompt(device: torch.device, batch: int, length: int) -> torch.Tensor:
     gen = torch.Generator().manual_seed(1000 * batch + length)
-    return torch.randint(1, 96, (batch, length), generator=gen).to(device)
+    return torch.randint(1, 96, (batch, length), generator=gen, device="cpu").to(device)
 
 
 def _greedy(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
