@@ -30,8 +30,8 @@ for path in (os.path.dirname(HERE), HERE):
 
 from kiln.config import config as kiln_config  # noqa: E402
 from kiln.lower import channels_last as lower_channels_last  # noqa: E402
-from backend_gpu import (compile_variant, micro_cases, reset_all, seed_model,  # noqa: E402
-                         seed_step)
+from backend_gpu import (bench_ms, compile_variant, micro_cases, reset_all,  # noqa: E402
+                         seed_model, seed_step)
 
 CALLS = 5
 
@@ -54,21 +54,15 @@ def profile(fn: Callable[[], Any], top: int) -> None:
     count = sum(len(v) for v in totals.values()) / CALLS
     total = sum(sum(v) for v in totals.values()) / CALLS
     print(f"  {count:.0f} kernels/call, {total:.1f} us GPU time/call, "
-          f"{wall_ms(fn):.3f} ms per call (median, triton do_bench), "
+          f"{bench_ms(fn):.3f} ms per call (median, triton do_bench), "
           f"peak {peak_mib(fn):.0f} MiB")
     for name, times in rows[:top]:
         print(f"  {sum(times) / CALLS:9.1f} us  x{len(times) / CALLS:<4.0f} {name[:110]}")
 
 
-def wall_ms(fn: Callable[[], Any]) -> float:
-    """End-to-end time of one call, host included: what zoo.py reports, in the same process as
-    the kernel table, so a gap between the two shows up on one page."""
-    import triton.testing
-
-    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
-
-
 def peak_mib(fn: Callable[[], Any]) -> float:
+    """Peak memory of one call (end-to-end time and peak sit beside the kernel table, so a gap
+    between kernel time and what zoo.py reports shows on one page)."""
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     fn()

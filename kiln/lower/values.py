@@ -220,9 +220,7 @@ def _unit_dim_strides(stride: list, size: tuple, layout: Any) -> tuple:
     for d in reversed(range(len(size))):
         if filled[d] is None:
             filled[d] = step
-        elif filled[d] != 0:  # a broadcast dim says nothing about the order
-            step = filled[d]
-        if isinstance(size[d], int) and size[d] > 0 and filled[d] != 0:
-            step = step * size[d]
+        if filled[d] != 0:  # a broadcast dim says nothing about the order
+            step = filled[d] * size[d] if isinstance(size[d], int) else filled[d]
     return tuple(filled)
 
