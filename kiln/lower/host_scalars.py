@@ -8,8 +8,10 @@ The value is a scalar either way, so computing it on the graph's device gives ea
 
 A value moves only when all of it stays inside the graph: its tensor inputs are on the device
 or move too, each of its users computes on the device (a 0-dim CUDA tensor beside CPU tensors
-is an error in eager where a CPU scalar is not), and it is not returned (eager returns it on
-the CPU). Graph inputs of this kind are moved by the driver (`IRGraph.moved_inputs`).
+is an error in eager where a CPU scalar is not). A returned one moves too, and the graph returns
+a copy to the CPU (`_to_copy(device=cpu)`, a torch op): eager returns it on the CPU, and left
+there it would be a CPU buffer a kernel writes. Graph inputs of this kind are moved by the
+driver (`IRGraph.moved_inputs`).
 """
 from __future__ import annotations
 
@@ -26,12 +28,32 @@ def move_host_scalars(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     if device is None:
         return gm
     moving = _movable(gm, device)
-    for node in gm.graph.nodes:
+    returned = set(gm.graph.output_node().all_input_nodes)
+    for node in list(gm.graph.nodes):
         if node in moving:
             _place(node, device)
+            if node in returned:
+                _return_on_host(gm, node)
     if moving:
         gm.recompile()
     return gm
+
+
+def _return_on_host(gm: torch.fx.GraphModule, node: torch.fx.Node) -> None:
+    """The output reads a CPU copy of the moved `node` (other users keep the device value)."""
+    output = gm.graph.output_node()
+    with gm.graph.inserting_after(node):
+        copy = gm.graph.call_function(torch.ops.aten._to_copy.default, (node,),
+                                      {"device": torch.device("cpu")})
+    val = node.meta["val"]
+    mode = getattr(val, "fake_mode", None)
+    if mode is not None:
+        with mode:
+            copy.meta["val"] = torch.empty((), dtype=val.dtype, device="cpu")
+    else:
+        copy.meta["val"] = val.to("cpu")
+    copy.meta.update({k: v for k, v in node.meta.items() if k not in ("val", "tensor_meta")})
+    output.replace_input_with(node, copy)
 
 
 def _graph_device(gm: torch.fx.GraphModule) -> torch.device | None:
@@ -45,18 +67,18 @@ def _graph_device(gm: torch.fx.GraphModule) -> torch.device | None:
 
 
 def _movable(gm: torch.fx.GraphModule, device: torch.device) -> set[torch.fx.Node]:
-    """The computed 0-dim CPU values that are not returned, pruned until each one left reads
-    only device values, moving ones or 0-dim CPU inputs and constants (the driver moves those),
-    and has only device users or moving ones."""
-    returned = set(gm.graph.output_node().all_input_nodes)
+    """The computed 0-dim CPU values, pruned until each one left reads only device values,
+    moving ones or 0-dim CPU inputs and constants (the driver moves those), and has only device
+    users, moving ones or the output (which gets a CPU copy)."""
+    output = gm.graph.output_node()
     moving = {n for n in gm.graph.nodes if n.op == "call_function"
-              and host_scalar(n.meta.get("val")) and n not in returned}
+              and host_scalar(n.meta.get("val"))}
 
     def stays(n: torch.fx.Node) -> bool:
         return all(a in moving or _on(a, device) or (a.op != "call_function"
                                                      and host_scalar(a.meta.get("val")))
                    for a in n.all_input_nodes) \
-            and all(u in moving or _on(u, device) for u in n.users)
+            and all(u in moving or u is output or _on(u, device) for u in n.users)
 
     while True:
         keep = {n for n in moving if stays(n)}

@@ -14,6 +14,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import kiln
 from kiln.lower import lower_graph
+from kiln.lower.ir import ExternOutput
 
 aten = torch.ops.aten
 
@@ -48,6 +49,22 @@ def test_a_returned_cpu_scalar_stays_on_the_cpu():
     graph = _lowered_on_fake_cuda(fn, (2, 2))
     returned = graph.outputs[1]
     assert graph.buffers[returned.name].layout.device.type == "cpu"
+
+
+@pytest.mark.explicit_device
+def test_a_returned_cpu_scalar_is_computed_on_cuda_and_copied_to_the_cpu():
+    """Found on the H100: `s * 2` returned beside CUDA work was a kernel writing a CPU buffer,
+    refused at run time. Only the copy the graph returns lives on the CPU."""
+    def fn(x):
+        s = aten.full.default([], 3.0, dtype=torch.float32, device="cpu")
+        return x * s + aten.exp.default(s), aten.mul.Tensor(s, 2)
+
+    graph = _lowered_on_fake_cuda(fn, (2, 2))
+    returned = graph.outputs[1].name
+    devices = _devices(graph)
+    assert devices.pop(returned) == "cpu"
+    assert set(devices.values()) == {"cuda"}, devices
+    assert isinstance(graph.buffers[returned], ExternOutput)  # a torch op's, not a kernel's
 
 
 @pytest.mark.explicit_device
