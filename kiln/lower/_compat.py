@@ -174,12 +174,14 @@ def guard_count(shape_env: Any) -> int:
 
 def sympy_kind(expr: Any) -> str:
     """"symbol", "integer", "add", "mul", "power" (a positive integer exponent), "floordiv",
-    "mod", "max", "min" or "other" for a sympy size."""
+    "ceildiv" (operands: `ceildiv_operands`), "mod", "max", "min" or "other" for a sympy size."""
     import sympy
     from torch.utils._sympy.functions import FloorDiv, Max, Min, Mod, PythonMod
 
     if isinstance(expr, sympy.Pow) and expr.exp.is_Integer and expr.exp > 0:
         return "power"  # s0**2: the stride of an [L, L] block
+    if ceildiv_operands(expr) is not None:
+        return "ceildiv"
     kinds = ((sympy.Symbol, "symbol"), (sympy.Integer, "integer"), (sympy.Add, "add"),
              (sympy.Mul, "mul"), (FloorDiv, "floordiv"), ((Mod, PythonMod), "mod"),
              ((sympy.Max, Max), "max"), ((sympy.Min, Min), "min"))
@@ -187,6 +189,18 @@ def sympy_kind(expr: Any) -> str:
         if isinstance(expr, cls):
             return kind
     return "other"
+
+
+def ceildiv_operands(expr: Any) -> tuple[Any, Any] | None:
+    """(a, b) of `CeilToInt(IntTrueDiv(a, b))`, torch's ceil of an integer division (the
+    efficient attention kernel's logsumexp rows are padded to `32*ceil(L/32)`); else None."""
+    from torch.utils._sympy import functions
+
+    ceil, div = getattr(functions, "CeilToInt", None), getattr(functions, "IntTrueDiv", None)
+    if ceil is None or div is None or not isinstance(expr, ceil) or \
+            not isinstance(expr.args[0], div):
+        return None
+    return tuple(expr.args[0].args)
 
 
 def make_aten_graph(fn: Callable[..., Any], inputs: Sequence[Any], decompositions: dict,

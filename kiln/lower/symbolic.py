@@ -106,6 +106,9 @@ def _from_sympy(expr: Any, shape_env: Any) -> Expr:
     if kind == "symbol":
         lo, hi = _compat.symbol_range(shape_env, expr)
         return size_expr(str(expr), lo, hi, _compat.symbol_hint(shape_env, expr))
+    if kind == "ceildiv":  # ceil(a / b) of sizes is floor((a + b - 1) / b)
+        a, b = (_from_sympy(e, shape_env) for e in _compat.ceildiv_operands(expr))
+        return derived_size((a + b - 1) // b)
     args = [_from_sympy(a, shape_env) for a in expr.args]
     if kind == "add":
         total = as_expr(0)
@@ -128,8 +131,8 @@ def _from_sympy(expr: Any, shape_env: Any) -> Expr:
         return derived_size(args[0] % args[1])
     if kind in ("max", "min"):
         return _extreme(expr, args, largest=kind == "max")
-    raise SymbolicShapeError(f"symbolic size {expr} is not a sum, product, power, floor "
-                             "division, modulo, max or min of sizes")
+    raise SymbolicShapeError(f"symbolic size {expr} is not a sum, product, power, floor or "
+                             "ceiling division, modulo, max or min of sizes")
 
 
 def _extreme(expr: Any, args: list[Expr], largest: bool) -> Expr:

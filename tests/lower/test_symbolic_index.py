@@ -119,3 +119,24 @@ def test_a_squared_size_from_torch_becomes_a_product_of_sizes():
     name = str(to_size(length))
     assert str(square).replace(" ", "") in (f"{fake.shape[1].node.expr}+3*{name}*{name}",
                                             f"3*{name}*{name}+{fake.shape[1].node.expr}")
+
+
+def test_a_ceiling_division_from_torch_becomes_a_floor_division_of_sizes():
+    """The efficient attention kernel's logsumexp has `32*ceil(L/32)` rows (CeilToInt of an
+    IntTrueDiv in sympy); seen on CUDA, where it sent causal attention training per size."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import (DimDynamic, ShapeEnv,
+                                                       StatelessSymbolicContext)
+
+    from kiln.lower.symbolic import to_size
+
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    fake = mode.from_tensor(torch.empty(5), symbolic_context=StatelessSymbolicContext(
+        dynamic_sizes=[DimDynamic.DYNAMIC]))
+    with mode:
+        q = torch.empty(1, 1, fake.shape[0], 8, device="cuda")
+        _, lse, _, _ = torch.ops.aten._scaled_dot_product_efficient_attention(q, q, q, None, True)
+    rows, name = to_size(lse.shape[-1]), str(to_size(fake.shape[0]))
+    for length in (1, 5, 32, 33, 70):
+        assert rows.evaluate({name: length}) == 32 * -(-length // 32)
