@@ -114,10 +114,27 @@ def new_symbolic_fake_mode(dynamic_output_shapes: bool = False,
     sizes and values are unbacked symbols (`u0`, stage D). No duck sizing: two dims equal by
     chance at capture stay separate symbols, so the next call need not keep them equal (an op
     that needs them equal records that as a guard)."""
+    _floor_pooled_sizes()
     shape_env = ShapeEnv(allow_scalar_outputs=scalar_outputs,
                          allow_dynamic_output_shape_ops=dynamic_output_shapes,
                          duck_shape=False, specialize_zero_one=True)
     return FakeTensorMode(shape_env=shape_env, allow_non_fake_inputs=False)
+
+
+def _floor_pooled_sizes() -> None:
+    """torch 2.11's meta `div_rtn` (pooled extents: `max_pool2d`'s output size) asks
+    `(H - 1) % 2 != 0` of a symbolic H, recording a parity guard: a conv net over image sizes
+    then recompiled for every other parity (torch 2.11 on the GPU machine). `x // y` is the
+    same value for every int (Python's floor division rounds toward negative infinity, which is
+    what the C++ port's remainder fix-up computed), with no guard; torch 2.13 defines it so."""
+    from torch import _meta_registrations as metas
+
+    if getattr(metas, "div_rtn", _floor_div) is not _floor_div:
+        metas.div_rtn = _floor_div
+
+
+def _floor_div(x: Any, y: Any) -> Any:
+    return x // y
 
 
 def symbolic_fake(fake_mode: FakeTensorMode, real: torch.Tensor, dynamic_dims: set[int],

@@ -473,3 +473,28 @@ def test_ordering_shape_tuples_specializes_and_stays_correct():
     for length in (3, 5, 8, 13):
         x = torch.randn(2, length)
         _close(compiled(x), fn(x))
+
+
+def _guarding_div_rtn(x, y):
+    """torch 2.11's meta `div_rtn`: `r != 0` asks the ShapeEnv about a symbolic remainder."""
+    q, r = x // y, x % y
+    if r != 0 and (bool(r < 0) != bool(y < 0)):
+        q -= 1
+    return q
+
+
+def test_max_pool_over_image_sizes_records_no_parity_guard(monkeypatch):
+    """Found on the H100 (torch 2.11): the pooled extent's `div_rtn` guarded `(H - 1) % 2`, so
+    a conv net over image sizes 8, 11, 14 recompiled at 14 (H - 1 even, then odd). Capture's
+    fake mode replaces it with floor division (the same value): 2 captures, not 3."""
+    from torch import _meta_registrations as metas
+
+    monkeypatch.setattr(metas, "div_rtn", _guarding_div_rtn)
+    backend = CountingBackend()
+    pool = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.MaxPool2d(3, 2, 1))
+    compiled = kiln.compile(pool, backend=backend)
+    with torch.no_grad():
+        for side in (8, 11, 14, 9, 16):
+            x = torch.randn(2, 3, side, side + 1)
+            _close(compiled(x), pool(x))
+    assert backend.count == 2, f"{backend.count} captures for 5 image sizes"
