@@ -396,7 +396,7 @@ def _rewrite_masked(graph: torch.fx.Graph, m: AttentionMatch) -> None:
     the scores' shape as the fused kernel's additive bias (cuDNN's or the efficient kernel's
     on CUDA: flash takes none)."""
     e = NodeEmitter(graph, m.softmax.meta.get("user_location"))
-    batch = list(m.mask_shape[:-2])
+    batch = _two_batch_dims(m.mask_shape[:-2])
 
     def operand(x: torch.fx.Node) -> torch.fx.Node:
         """`x` [N, L, D] as [*batch, L, D] with a unit stride on D (the fused kernels read a
@@ -410,6 +410,8 @@ def _rewrite_masked(graph: torch.fx.Graph, m: AttentionMatch) -> None:
         q, v = operand(m.q), operand(m.v)
         k = operand(e.call(aten.permute.default, m.bt, [0, 2, 1]))
         bias = e.call(aten.expand.default, m.mask, list(m.mask_shape))
+        if len(m.mask_shape) != 4:
+            bias = e.call(aten.reshape.default, bias, batch + list(m.mask_shape[-2:]))
         kind = _variant(_val(m.q), training=False)
         if kind == "cpu":
             fwd = e.call(aten._scaled_dot_product_flash_attention_for_cpu.default, q, k, v,
@@ -422,6 +424,15 @@ def _rewrite_masked(graph: torch.fx.Graph, m: AttentionMatch) -> None:
                          False, scale=m.scale)
         out = e.call(aten.reshape.default, e.item(fwd, 0), list(_val(m.out).shape))
     m.out.replace_all_uses_with(out)
+
+
+def _two_batch_dims(batch: tuple[int, ...]) -> list[int]:
+    """The scores' batch dims as the fused kernels' [B, H]: they take 4-D q, k, v and bias
+    only (a `baddbmm(mask, q, kt)` over [N, L, S] has one batch dim; more merge into B)."""
+    batch = list(batch)
+    if len(batch) < 2:
+        return [1] * (2 - len(batch)) + batch
+    return [int(torch.Size(batch[:-1]).numel()), batch[-1]]
 
 
 def _rewrite(graph: torch.fx.Graph, m: AttentionMatch) -> None:

@@ -154,6 +154,33 @@ def test_additive_mask_becomes_the_fused_kernels_bias(fn, expected):
     assert (_run(new, inputs)[0].double() - ref).abs().max() < 1e-5
 
 
+def _baddbmm_masked(q, k, v, mask):  # [N, L, S] scores: one batch dim (BLOOM-style baddbmm)
+    return torch.softmax(torch.baddbmm(mask, q, k.transpose(1, 2), alpha=0.25), dim=-1) @ v
+
+
+def _five_d_masked(q, k, v, mask):  # [A, B, H, L, S] scores: three batch dims
+    return torch.softmax(q @ k.transpose(-1, -2) * 0.25 + mask, dim=-1) @ v
+
+
+@pytest.mark.parametrize("fn,shape,mask_shape", [
+    (_baddbmm_masked, (6, 5, 8), (6, 5, 16)),
+    (_five_d_masked, (2, 3, 2, 5, 8), (2, 1, 1, 5, 16)),
+], ids=["one_batch_dim", "three_batch_dims"])
+def test_masked_attention_with_other_than_two_batch_dims_gets_4d_kernel_operands(fn, shape,
+                                                                                  mask_shape):
+    """The fused kernels take 4-D q, k, v and bias only: a masked [N, L, S] attention was
+    handed over 3-D ("Accept only 4 dims inputs", found with a BLOOM-style baddbmm)."""
+    q = torch.randn(shape)
+    k, v = (torch.randn(*shape[:-2], 16, shape[-1]) for _ in range(2))
+    mask = torch.randn(mask_shape)
+    gm, inputs = trace_flat(fn, (q, k, v, mask))
+    eager = torch.utils._pytree.tree_leaves(fn(*inputs))
+    new, count = _rewritten(gm)
+    assert count == 1 and _targets(new) & SDPA_FORWARD
+    _close(_run(new, inputs), eager)
+    _close(run_ir(lower_graph(gm), inputs), eager)
+
+
 def test_masked_attention_in_a_joint_graph_is_left_alone():
     q, k, v = _qkv((2, 3, 5, 8))
     mask = _padding_mask(2, 5)
