@@ -154,3 +154,24 @@ def test_fp_fusion_is_a_compile_option_and_part_of_the_binary_key():
         return binaries.binary_key(launcher, [torch.float32])
 
     assert key({"num_warps": 4, "enable_fp_fusion": False}) != key({"num_warps": 4})
+
+
+def _scale_by_a_changing_float(x16, s):
+    return x16 * s, x16 / s
+
+
+@pytest.mark.explicit_device
+def test_a_changing_float_scales_half_tensors_at_eagers_precision():
+    """Fuzz seed 4103962 (CPU): a Python float that changes between calls reaches the graph as
+    a 0-dim float32 tensor; the kernel rounded it to bfloat16 before `x16 * s`, where ATen's
+    CPU mul and div read such an operand at full precision. (ATen's CPU add rounds a scalar to
+    the tensor's dtype, a Python one too; kiln, like Inductor, adds it at full precision.)
+    Eager CPU semantics; CUDA's is checked by the suite's CUDA run of this file."""
+    compiled = kiln.compile(_scale_by_a_changing_float, backend="kiln")
+    gen = torch.Generator().manual_seed(4103962)
+    for dtype in (torch.bfloat16, torch.float16, torch.bfloat16):
+        for _ in range(3):  # the second call's new float makes it a graph input
+            x = torch.randn(257, generator=gen).to(dtype)
+            s = float(torch.randn((), generator=gen) * 5) + 0.1
+            for got, want in zip(compiled(x, s), _scale_by_a_changing_float(x, s)):
+                assert torch.equal(got, want), (dtype, s, (got != want).sum().item())

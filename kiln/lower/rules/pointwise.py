@@ -51,6 +51,13 @@ ELEMENTWISE: dict[Any, tuple[str, Any]] = {
 }
 
 
+# ops whose eager kernel reads a 0-dim second operand beside a float16/bfloat16 tensor at its
+# own precision (ATen's CPU mul/div take `original_scalar_value`), where add, sub and the rest
+# round it to the tensor's dtype first; kiln.compile hands a changing Python float to the graph
+# as such a 0-dim tensor (`bf16 * 2.842156` was computed with 2.84375)
+_SCALAR_AT_FULL_PRECISION = ("mul", "truediv")
+
+
 def _lower_elementwise(call: Call, name: str, kind: Any, args: Sequence[Any]) -> TensorValue:
     comp, result = elementwise_dtypes(*call.meta_args[:len(args)], kind=kind)
     comp = compute_dtype(comp)
@@ -58,6 +65,8 @@ def _lower_elementwise(call: Call, name: str, kind: Any, args: Sequence[Any]) ->
     size = tuple(out.shape)
     loaders = [loader_as(a, comp, size, into=out.dtype) if isinstance(a, TensorValue) else scalar_loader(a, comp)
                for a in args]
+    if name in _SCALAR_AT_FULL_PRECISION and _unrounded_scalar(args[1]):
+        loaders[1] = loader_as(args[1], comp, size)
     value_dtype = MATH_OPS[name].result_dtype(comp)
     target = compute_dtype(out.dtype)
     handler = name
@@ -67,6 +76,12 @@ def _lower_elementwise(call: Call, name: str, kind: Any, args: Sequence[Any]) ->
         return value if value_dtype == target else ops.to_dtype(value, target)
 
     return pointwise(call, size, inner, out.dtype, args)
+
+
+def _unrounded_scalar(b: Any) -> bool:
+    """A 0-dim tensor operand of a wider float dtype than the result's half precision."""
+    return isinstance(b, TensorValue) and len(b.size) == 0 and b.dtype.is_floating_point \
+        and b.dtype not in (torch.float16, torch.bfloat16)
 
 
 def _make_elementwise(name: str, kind: Any) -> Any:
