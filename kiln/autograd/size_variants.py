@@ -91,9 +91,8 @@ class SymbolicVariant:
     def __call__(self, args: list) -> Any:
         if self.conditions is None or self.conditions.holds(args):
             return self.variant(args)
-        if log.isEnabledFor(logging.DEBUG):  # why a symbolic graph traced again for a size
-            log.debug("sizes outside the symbolic trace's conditions (%s): traced per size",
-                      self.conditions)
+        log.debug("sizes outside the symbolic trace's conditions (%s): traced per size",
+                  self.conditions)
         return self.fallback(args)
 
 

@@ -45,13 +45,7 @@ def _return_on_host(gm: torch.fx.GraphModule, node: torch.fx.Node) -> None:
     with gm.graph.inserting_after(node):
         copy = gm.graph.call_function(torch.ops.aten._to_copy.default, (node,),
                                       {"device": torch.device("cpu")})
-    val = node.meta["val"]
-    mode = getattr(val, "fake_mode", None)
-    if mode is not None:
-        with mode:
-            copy.meta["val"] = torch.empty((), dtype=val.dtype, device="cpu")
-    else:
-        copy.meta["val"] = val.to("cpu")
+    copy.meta["val"] = _scalar_meta_on(node.meta["val"], torch.device("cpu"))
     copy.meta.update({k: v for k, v in node.meta.items() if k not in ("val", "tensor_meta")})
     output.replace_input_with(node, copy)
 
@@ -103,10 +97,14 @@ def _on(node: torch.fx.Node, device: torch.device) -> bool:
 def _place(node: torch.fx.Node, device: torch.device) -> None:
     if node.kwargs.get("device") is not None:  # factories and `_to_copy(..., device=cpu)`
         node.kwargs = {**node.kwargs, "device": device}
-    val = node.meta["val"]
+    node.meta["val"] = _scalar_meta_on(node.meta["val"], device)
+
+
+def _scalar_meta_on(val: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """The 0-dim meta value `val` as it is on `device`: a fake one from its own mode, or a
+    real tensor as the meta (no fake mode) moved there."""
     mode = getattr(val, "fake_mode", None)
-    if mode is not None:
-        with mode:
-            node.meta["val"] = torch.empty((), dtype=val.dtype, device=device)
-    else:  # a real tensor as the meta (no fake mode): the value itself, moved
-        node.meta["val"] = val.to(device)
+    if mode is None:
+        return val.to(device)
+    with mode:
+        return torch.empty((), dtype=val.dtype, device=device)

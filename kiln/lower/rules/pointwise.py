@@ -79,7 +79,8 @@ def _lower_elementwise(call: Call, name: str, kind: Any, args: Sequence[Any]) ->
 
 
 def _unrounded_scalar(b: Any) -> bool:
-    """A 0-dim tensor operand of a wider float dtype than the result's half precision."""
+    """A 0-dim float tensor operand not itself in half precision (its loader differs only
+    where the result is float16/bfloat16: there `into` would round it)."""
     return isinstance(b, TensorValue) and len(b.size) == 0 and b.dtype.is_floating_point \
         and b.dtype not in (torch.float16, torch.bfloat16)
 
