@@ -20,7 +20,7 @@ such sizes, and neither per-size compiles nor the warm start may key on input si
 A graph that computes on CPU tensors beside CUDA inputs (`x.cpu()` then work on it) runs as torch
 ops outside the interpreter (logged once at INFO): compiled Triton reads every pointer on the GPU.
 
-Inputs the code generator does not handle (complex or other dtypes outside `SUPPORTED_DTYPES`,
+Inputs the code generator does not handle (dtypes outside `SUPPORTED_DTYPES` such as float8,
 devices other than CUDA and CPU, sparse tensors) make that graph run as torch ops, with one
 warning per kind of input.
 
@@ -276,11 +276,14 @@ JOINT_PASSES = PassList("autograd", [
 ], lambda joint: joint.gm.print_readable(print_output=False))
 
 
-# dtypes the lower and codegen stages handle; anything else (complex, quantized, float8, ...)
-# would fail deep inside Triton or the launcher
+# dtypes the lower and codegen stages handle; anything else (quantized, float8, complex32,
+# ...) would fail deep inside Triton or the launcher. Complex tensors never reach a kernel:
+# every op touching one runs as its ATen op (`Interpreter.lower_complex`), so a rotary
+# embedding's complex `freqs_cis` buffer compiles with the graph around it.
 SUPPORTED_DTYPES = frozenset({
     torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.bool,
     torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8,
+    torch.complex64, torch.complex128,
 })
 SUPPORTED_DEVICES = ("cuda", "cpu")  # cpu: through Triton's interpreter
 

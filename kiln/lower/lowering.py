@@ -9,6 +9,8 @@ Each `call_function` node goes through one dispatch, in this order:
 3. a decomposition from `decomposition_tables.lowering_table()`, traced and lowered in place;
 4. a `Fallback` node calling the op (the fallback census in tests pins which ops get here).
 
+An op that reads or makes a complex tensor skips all four: it is a `Fallback` (`lower_complex`).
+
 A lowering receives a `Call` (the builder, the FX node, its fake-tensor metadata, provenance) and
 the node's arguments with every FX node replaced by what it lowered to (`TensorValue`s, tuples),
 and returns a `TensorValue`, a tuple of them, or a Python value.
@@ -245,6 +247,8 @@ class Interpreter:
         raw_metas = (call.meta_args, call.meta_kwargs)
         if symbolic.active():
             call = symbolic_call(call)
+        if _touches_complex(call):
+            return self.lower_complex(call, args, kwargs)
         for checker, fn in lowerings.get(op, ()):
             if checker(call, *args, **kwargs):
                 return fn(call, *args, **kwargs)
@@ -255,6 +259,16 @@ class Interpreter:
         graph = decompose(op, *raw_metas)
         if graph is not None:
             return self.inline(graph, call, args, kwargs)
+        return self.builder.call_kernel(_fallback_cls(), "fallback", call, args, kwargs)
+
+    def lower_complex(self, call: Call, args: tuple, kwargs: dict) -> Any:
+        """An op reading or making a complex tensor runs as its ATen op (Triton has no
+        complex type; Inductor does the same): `torch.polar`, `view_as_complex` and complex
+        products in a rotary embedding stay in the graph beside the kernels around them."""
+        if call.op._schema.is_mutable:
+            raise LoweringError(f"in-place {call.op} on a complex tensor",
+                                hint="functionalize the graph before lowering (the autograd "
+                                     "stage does)")
         return self.builder.call_kernel(_fallback_cls(), "fallback", call, args, kwargs)
 
     def inline(self, gm: torch.fx.GraphModule, call: Call, args: tuple, kwargs: dict) -> Any:
@@ -300,6 +314,11 @@ def _fallback_cls() -> type[ExternKernel]:
     from kiln.lower.ir import Fallback
 
     return Fallback
+
+
+def _touches_complex(call: Call) -> bool:
+    metas = _compat.tree_leaves((call.meta_args, call.meta_kwargs, call.out))
+    return any(isinstance(m, torch.Tensor) and m.is_complex() for m in metas)
 
 
 def _arg_node(node: torch.fx.Node, value: Any, env: dict) -> torch.fx.Node | None:

@@ -11,7 +11,8 @@ taker's allocation, so holding it across another allocation would raise the peak
 freeing it (with the CUDA caching allocator a freed block is reused anyway). The first planner
 held donors across whole stages: a bottleneck stage's inference peaked 29% above eager's.
 Library outputs (attention, convolution, matmuls, fallbacks) are fresh tensors: the wrapper
-calls no `out=` form, so they never take storage, though they can be donors.
+calls no `out=` form, so they never take storage, though they can be donors. A buffer an extern
+op may return a view of (`view_as_complex`) is never a donor: the view outlives its last read.
 """
 from __future__ import annotations
 
@@ -69,9 +70,11 @@ def plan_memory(steps: Sequence[FusedGroup | ExternKernel],
 def _plan_reuse(steps: Sequence[FusedGroup | ExternKernel], graph: IRGraph,
                 last_use: dict[str, int]) -> dict[str, str]:
     """new buffer → donor; donors are those freed since the last fresh allocation."""
+    viewed = _viewed_by_library(steps)
     dying: dict[int, list[str]] = {}
     for name, step in last_use.items():
-        dying.setdefault(step, []).append(name)
+        if name not in viewed:
+            dying.setdefault(step, []).append(name)
     reuse: dict[str, str] = {}
     free: dict[tuple, list[str]] = {}
     for i, step in enumerate(steps):
@@ -85,6 +88,22 @@ def _plan_reuse(steps: Sequence[FusedGroup | ExternKernel], graph: IRGraph,
         for name in dying.get(i, []):
             free.setdefault(_key(graph, name), []).append(name)
     return reuse
+
+
+def _viewed_by_library(steps: Sequence[FusedGroup | ExternKernel]) -> set[str]:
+    """Buffers an extern call may return a view of (its op's schema says an output aliases
+    an input: `view_as_complex`, `view_as_real`, an unlowered view op). The view outlives the
+    buffer's last read, so its storage is never handed to another buffer."""
+    found: set[str] = set()
+    for step in steps:
+        if isinstance(step, ExternKernel) and _returns_alias(step.op):
+            found.update(a.name for a in step.tensor_args())
+    return found
+
+
+def _returns_alias(op: object) -> bool:
+    schema = getattr(op, "_schema", None)
+    return schema is None or any(r.alias_info is not None for r in schema.returns)
 
 
 def live_bytes(steps: Sequence[FusedGroup | ExternKernel], graph: IRGraph,
